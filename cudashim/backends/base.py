@@ -1,0 +1,171 @@
+"""The one interface every backend implements.
+
+Grouped by concern: identity and presence, devices, RNG, streams and events, memory,
+dtypes and kernels, communication. Most methods delegate to
+``torch.get_device_module(device_type)``, so a backend only overrides what its device
+module lacks. Methods take ``device`` as a CUDA-style index (``None`` = current device).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+from typing import ClassVar, Optional, Tuple
+
+import torch
+
+
+class Backend:
+    # --- identity ---------------------------------------------------------------------
+    name: ClassVar[str]                       # what users pass to --backend
+    device_type: ClassVar[str]                # the torch device type tensors live on
+    collective: ClassVar[str] = "gloo"        # torch.distributed backend replacing NCCL
+    visible_devices_var: ClassVar[Optional[str]] = None   # vendor's CUDA_VISIBLE_DEVICES
+    vendor_package: ClassVar[Optional[str]] = None        # import name, when one is needed
+    install_hint: ClassVar[str] = ""
+    redirects: ClassVar[bool] = True          # False only for CUDA pass-through
+    profiler_activity: ClassVar[Optional[str]] = None     # ProfilerActivity replacing CUDA
+
+    def __init__(self, settings):
+        self.settings = settings
+
+    # --- presence (class-level: asked before a backend is built) ----------------------
+    @classmethod
+    def vendor_package_found(cls) -> bool:
+        return cls.vendor_package is None or importlib.util.find_spec(cls.vendor_package) is not None
+
+    @classmethod
+    def absent_reason(cls) -> Optional[str]:
+        """None when the backend can run here, else what is missing and how to install it."""
+        if not cls.vendor_package_found():
+            return f"the vendor package '{cls.vendor_package}' is not installed ({cls.install_hint})"
+        return None
+
+    @property
+    def module(self):
+        return torch.get_device_module(self.device_type)
+
+    # --- devices ----------------------------------------------------------------------
+    def device_count(self) -> int:
+        return self.module.device_count()
+
+    def target_device(self, index: Optional[int]) -> "torch.device":
+        """The real device a CUDA index stands for; None keeps "the current device" open,
+        as ``torch.device("cuda")`` does."""
+        return torch.device(self.device_type) if index is None else torch.device(self.device_type, index)
+
+    def current_device(self) -> int:
+        return self.module.current_device()
+
+    def set_device(self, index: int) -> None:
+        self.module.set_device(index)
+
+    def synchronize(self, index: Optional[int] = None) -> None:
+        self.module.synchronize(index)
+
+    def get_device_name(self, index: Optional[int] = None) -> str:
+        return self.module.get_device_name(index)
+
+    def get_device_properties(self, index: Optional[int] = None):
+        return self.module.get_device_properties(index)
+
+    def get_device_capability(self, index: Optional[int] = None) -> Tuple[int, int]:
+        # Programs gate features on compute capability; 8.0 (Ampere) selects bf16 paths.
+        return (8, 0)
+
+    def is_bf16_supported(self, including_emulation: bool = True) -> bool:
+        return self.module.is_bf16_supported()
+
+    # --- RNG --------------------------------------------------------------------------
+    def manual_seed(self, seed: int) -> None:
+        self.module.manual_seed(seed)
+
+    def manual_seed_all(self, seed: int) -> None:
+        self.module.manual_seed_all(seed)
+
+    def seed(self) -> None:
+        self.module.seed()
+
+    def seed_all(self) -> None:
+        self.module.seed_all()
+
+    def initial_seed(self) -> int:
+        return self.module.initial_seed()
+
+    def get_rng_state(self, index: Optional[int] = None) -> "torch.Tensor":
+        return self.module.get_rng_state(self.target_device(index))
+
+    def set_rng_state(self, state, index: Optional[int] = None) -> None:
+        self.module.set_rng_state(state, self.target_device(index))
+
+    def default_generator(self, index: int) -> "torch.Generator":
+        return self.module.default_generators[index]
+
+    # --- streams and events -----------------------------------------------------------
+    @property
+    def Stream(self):
+        return self.module.Stream
+
+    @property
+    def Event(self):
+        return self.module.Event
+
+    def current_stream(self, index: Optional[int] = None):
+        return self.module.current_stream(index)
+
+    def default_stream(self, index: Optional[int] = None):
+        return self.module.default_stream(index)
+
+    def set_stream(self, stream) -> None:
+        self.module.set_stream(stream)
+
+    def stream(self, stream):
+        return self.module.stream(stream)
+
+    def record_stream(self, tensor, stream) -> None:
+        tensor.record_stream(stream)
+
+    # --- memory -----------------------------------------------------------------------
+    def memory_allocated(self, index: Optional[int] = None) -> int:
+        return self.module.memory_allocated(index)
+
+    def max_memory_allocated(self, index: Optional[int] = None) -> int:
+        return self.module.max_memory_allocated(index)
+
+    def memory_reserved(self, index: Optional[int] = None) -> int:
+        return self.module.memory_reserved(index)
+
+    def max_memory_reserved(self, index: Optional[int] = None) -> int:
+        return self.module.max_memory_reserved(index)
+
+    def reset_peak_memory_stats(self, index: Optional[int] = None) -> None:
+        self.module.reset_peak_memory_stats(index)
+
+    def memory_stats(self, index: Optional[int] = None) -> dict:
+        return self.module.memory_stats(index)
+
+    def mem_get_info(self, index: Optional[int] = None) -> Tuple[int, int]:
+        return self.module.mem_get_info(index)
+
+    def empty_cache(self) -> None:
+        self.module.empty_cache()
+
+    # --- dtypes and kernels -----------------------------------------------------------
+    def autocast_dtypes(self) -> Tuple["torch.dtype", ...]:
+        return (torch.bfloat16, torch.float16)
+
+    def sdpa_backends(self) -> frozenset:
+        """The scaled-dot-product-attention kernels the target really has."""
+        from torch.nn.attention import SDPBackend
+        return frozenset({SDPBackend.MATH})
+
+    def can_pin_memory(self) -> bool:
+        return True
+
+    # --- communication ----------------------------------------------------------------
+    def process_group_backend(self) -> str:
+        """What ``init_process_group()`` with NCCL, or with no backend, becomes."""
+        return f"cpu:gloo,{self.device_type}:{self.collective}"
+
+    def describe(self) -> str:
+        return f"{self.name} (device type '{self.device_type}', collectives '{self.collective}')"

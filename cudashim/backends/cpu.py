@@ -1,0 +1,336 @@
+"""The CPU backend: "cuda" tensors live in host memory, NCCL becomes gloo.
+
+The CPU has no stream, event, RNG-per-device or memory-statistics API of its own that
+matches torch.cuda's, so this backend implements them: events are host-timed (CPU ops are
+synchronous, so the time an event is recorded is the time the work before it finished),
+the RNG calls drive the CPU default generator, and memory statistics are the process's
+resident memory read from /proc (see ``memory_stats``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import platform
+import resource
+import threading
+import time
+from typing import Optional, Tuple
+
+import torch
+
+from .._settings import ENV_DEVICE_COUNT
+from .base import Backend
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceProperties:
+    """The fields programs read from ``torch.cuda.get_device_properties()``."""
+    name: str
+    total_memory: int
+    major: int
+    minor: int
+    multi_processor_count: int
+    is_integrated: bool = True
+    is_multi_gpu_board: bool = False
+    L2_cache_size: int = 0
+    warp_size: int = 1
+    uuid: str = ""
+
+    def __repr__(self):
+        return (f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
+                f"total_memory={self.total_memory // 2**20}MB, "
+                f"multi_processor_count={self.multi_processor_count})")
+
+
+class HostEvent:
+    """A CUDA-style event timed on the host clock."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+        self.enable_timing = enable_timing
+        self._recorded_ns: Optional[int] = None
+
+    def record(self, stream=None) -> None:
+        self._recorded_ns = time.perf_counter_ns()
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait(self, stream=None) -> None:
+        pass
+
+    def elapsed_time(self, end_event: "HostEvent") -> float:
+        """Milliseconds between this event and ``end_event``, as CUDA reports them."""
+        if not (self.enable_timing and end_event.enable_timing):
+            raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
+        if self._recorded_ns is None or end_event._recorded_ns is None:
+            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+        return (end_event._recorded_ns - self._recorded_ns) / 1e6
+
+    def __repr__(self):
+        return f"<cudashim HostEvent recorded={self._recorded_ns is not None}>"
+
+
+class HostStream:
+    """A CUDA-style stream on the CPU: work runs in order, so every wait is already met."""
+
+    def __init__(self, device=None, priority: int = 0, **kwargs):
+        self.device = torch.device("cpu")
+        self.priority = priority
+        self.cuda_stream = 0
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def wait_stream(self, stream) -> None:
+        pass
+
+    def record_event(self, event=None):
+        event = event if event is not None else HostEvent()
+        event.record(self)
+        return event
+
+    def __eq__(self, other):
+        return isinstance(other, HostStream)
+
+    def __hash__(self):
+        return 0
+
+    def __repr__(self):
+        return "<cudashim HostStream device=cpu>"
+
+
+def visible_device_count(value: str) -> int:
+    """How many devices a CUDA_VISIBLE_DEVICES value exposes (CUDA stops at the first invalid)."""
+    count = 0
+    for entry in value.split(","):
+        entry = entry.strip()
+        if not entry or entry.startswith("-"):
+            break
+        count += 1
+    return count
+
+
+class CPUBackend(Backend):
+    name = "cpu"
+    device_type = "cpu"
+    collective = "gloo"
+
+    def __init__(self, settings):
+        super().__init__(settings)
+        self._count = self._resolve_count(settings)
+        self._local = threading.local()
+        self._default_stream = HostStream()
+        self._host = torch.device("cpu")
+
+    @staticmethod
+    def _resolve_count(settings) -> int:
+        # Default to one device: more makes libraries wrap models in nn.DataParallel and
+        # mp.spawn(nprocs=device_count()) start that many processes.
+        if settings.device_count is not None:
+            return settings.device_count
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible is not None:
+            return visible_device_count(visible)
+        return 1
+
+    # --- devices ----------------------------------------------------------------------
+    def device_count(self) -> int:
+        return self._count
+
+    def target_device(self, index: Optional[int]) -> "torch.device":
+        return self._host                      # every virtual cuda:N is host memory
+
+    def check_index(self, index: int) -> None:
+        if not 0 <= index < self._count:
+            raise RuntimeError(
+                f"CUDA error: invalid device ordinal {index} (cudashim's cpu backend has "
+                f"{self._count} virtual device(s); set CUDA_VISIBLE_DEVICES or "
+                f"{ENV_DEVICE_COUNT} for more)")
+
+    def current_device(self) -> int:
+        return getattr(self._local, "index", 0)
+
+    def set_device(self, index: int) -> None:
+        self.check_index(index)
+        self._local.index = index
+
+    def synchronize(self, index: Optional[int] = None) -> None:
+        pass                                   # CPU ops have finished when they return
+
+    def get_device_name(self, index: Optional[int] = None) -> str:
+        return _cpu_model_name()
+
+    def get_device_properties(self, index: Optional[int] = None) -> DeviceProperties:
+        major, minor = self.get_device_capability(index)
+        return DeviceProperties(name=_cpu_model_name(), total_memory=_physical_memory(),
+                                major=major, minor=minor,
+                                multi_processor_count=os.cpu_count() or 1)
+
+    def is_bf16_supported(self, including_emulation: bool = True) -> bool:
+        return True
+
+    # --- RNG: one CPU generator serves every virtual device ----------------------------
+    # torch.manual_seed() itself calls torch.cuda.manual_seed_all(), so these must drive
+    # the default generator directly or they would recurse.
+    def manual_seed(self, seed: int) -> None:
+        torch.default_generator.manual_seed(int(seed))
+
+    manual_seed_all = manual_seed
+
+    def seed(self) -> None:
+        torch.default_generator.seed()
+
+    seed_all = seed
+
+    def initial_seed(self) -> int:
+        return torch.default_generator.initial_seed()
+
+    def get_rng_state(self, index: Optional[int] = None) -> "torch.Tensor":
+        return torch.default_generator.get_state()
+
+    def set_rng_state(self, state, index: Optional[int] = None) -> None:
+        torch.default_generator.set_state(state)
+
+    def default_generator(self, index: int) -> "torch.Generator":
+        return torch.default_generator
+
+    # --- streams and events -------------------------------------------------------------
+    Stream = HostStream
+    Event = HostEvent
+
+    def current_stream(self, index: Optional[int] = None):
+        return getattr(self._local, "stream", None) or self._default_stream
+
+    def default_stream(self, index: Optional[int] = None):
+        return self._default_stream
+
+    def set_stream(self, stream) -> None:
+        self._local.stream = stream
+
+    @contextlib.contextmanager
+    def stream(self, stream):
+        previous = getattr(self._local, "stream", None)
+        self._local.stream = stream
+        try:
+            yield stream
+        finally:
+            self._local.stream = previous
+
+    def record_stream(self, tensor, stream) -> None:
+        pass                                   # no allocator reuse across streams to guard
+
+    # --- memory: the process's resident memory ------------------------------------------
+    # The CPU allocator keeps no per-tensor statistics, so the figures are what the kernel
+    # measures for the whole process: "allocated" and "reserved" are its resident set size
+    # (VmRSS), the peaks its high-water mark (VmHWM), which reset_peak_memory_stats() resets
+    # through /proc/self/clear_refs. They include the interpreter and torch's own libraries.
+    def memory_allocated(self, index: Optional[int] = None) -> int:
+        return _proc_status("VmRSS")
+
+    memory_reserved = memory_allocated
+
+    def max_memory_allocated(self, index: Optional[int] = None) -> int:
+        return _proc_status("VmHWM")
+
+    max_memory_reserved = max_memory_allocated
+
+    def reset_peak_memory_stats(self, index: Optional[int] = None) -> None:
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")                   # 5 resets the peak resident set size
+        except OSError:
+            pass                               # not Linux: the peak then covers the whole run
+
+    def memory_stats(self, index: Optional[int] = None) -> dict:
+        current, peak = self.memory_allocated(), self.max_memory_allocated()
+        stats = {}
+        for kind in ("allocated_bytes", "reserved_bytes", "active_bytes"):
+            stats[f"{kind}.all.current"] = current
+            stats[f"{kind}.all.peak"] = peak
+        stats["num_alloc_retries"] = 0
+        stats["num_ooms"] = 0
+        return stats
+
+    def mem_get_info(self, index: Optional[int] = None) -> Tuple[int, int]:
+        info = _meminfo()
+        total = info.get("MemTotal", _physical_memory())
+        return info.get("MemAvailable", total), total
+
+    def empty_cache(self) -> None:
+        pass
+
+    # --- dtypes and kernels -----------------------------------------------------------
+    def autocast_dtypes(self):
+        return (torch.bfloat16, torch.float16)
+
+    def sdpa_backends(self) -> frozenset:
+        from torch.nn.attention import SDPBackend
+        return frozenset({SDPBackend.MATH, SDPBackend.FLASH_ATTENTION})
+
+    def can_pin_memory(self) -> bool:
+        return False                           # pinned host memory needs an accelerator
+
+    def process_group_backend(self) -> str:
+        return "gloo"
+
+
+def _proc_status(field: str) -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    # Elsewhere only the lifetime peak is known (kilobytes on Linux, bytes on macOS).
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if platform.system() == "Darwin" else peak * 1024
+
+
+def _meminfo() -> dict:
+    info = {}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                info[key] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return info
+
+
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+_model_name: Optional[str] = None
+
+
+def _cpu_model_name() -> str:
+    global _model_name
+    if _model_name is None:
+        name = ""
+        try:
+            with open("/proc/cpuinfo") as f:
+                for line in f:
+                    if line.startswith("model name"):
+                        name = line.split(":", 1)[1].strip()
+                        break
+        except OSError:
+            pass
+        _model_name = name or platform.processor() or platform.machine() or "CPU"
+    return _model_name

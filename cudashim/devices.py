@@ -1,0 +1,104 @@
+"""The device translator: the one place where CUDA vocabulary becomes the target's.
+
+Specs are parsed with the real ``torch.device``, never matched as substrings, so a
+malformed spec fails exactly as torch fails for it and a path containing "cuda" is left
+alone. Parsed strings and device objects are cached: a translated call costs one dict
+lookup. Integers are CUDA indices only where the caller says so (``t.to(0)``).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+import torch
+
+_CACHE_LIMIT = 512
+_UNCHANGED = object()      # cached for specs that are not CUDA: hand back the caller's object
+
+
+class DeviceTranslator:
+    """Turns CUDA device specs into target devices.
+
+    ``translate(spec)`` returns the target device for a CUDA spec and ``spec`` itself for
+    anything else. ``for_api(name)`` returns the translate function a patch of ``name``
+    should call: the shared one, or, when the report is on, one that counts the call.
+    """
+
+    def __init__(self, backend, report=None):
+        self.backend = backend
+        self.report = report
+        self.cache: dict = {}
+        self.translate = self._build()
+
+    def _build(self):
+        real_device = torch.device
+        backend = self.backend
+        check_index = getattr(backend, "check_index", None) or _check_index_against(backend)
+        target_device = backend.target_device
+        cache = self.cache
+
+        def parse(spec):
+            if spec.__class__ is int:
+                index = spec
+                if index < 0:
+                    return real_device(index)             # torch's own error for a negative index
+            else:
+                device = spec if spec.__class__ is real_device else real_device(spec)
+                if device.type != "cuda":
+                    return spec
+                index = device.index
+            if index is not None:
+                check_index(index)
+            return target_device(index)
+
+        def slow(spec):
+            if spec.__class__ is bool or not isinstance(spec, (str, int, real_device)):
+                return spec
+            result = parse(spec)
+            if spec.__class__ is not int and len(cache) < _CACHE_LIMIT:
+                cache[spec] = _UNCHANGED if result is spec else result   # ints stay out: True == 1
+            return result
+
+        def translate(spec):
+            try:
+                result = cache[spec]
+            except KeyError:
+                return slow(spec)
+            except TypeError:                             # unhashable: not a device spec
+                return spec
+            return spec if result is _UNCHANGED else result
+
+        return translate
+
+    def for_api(self, api: str) -> Callable[[Any], Any]:
+        if self.report is None:
+            return self.translate
+        translate, count = self.translate, self.report.count
+
+        def translate_and_count(spec):
+            result = translate(spec)
+            if result is not spec:
+                count(api, result)
+            return result
+
+        return translate_and_count
+
+
+def _check_index_against(backend):
+    def check(index):
+        count = backend.device_count()
+        if not 0 <= index < count:
+            raise RuntimeError(f"CUDA error: invalid device ordinal {index} "
+                               f"(the {backend.name} backend has {count} device(s))")
+    return check
+
+
+def asked_by_torch(depth: int = 2) -> bool:
+    """Whether the function ``depth - 1`` frames up was called from torch's own code.
+
+    torch's internals must hear the truth (a CPU is not CUDA), or they take CUDA-only
+    paths; the user's program and its libraries hear the compatible answer.
+    """
+    name = sys._getframe(depth).f_globals.get("__name__", "")
+    return name.startswith("torch.") or name == "torch"

@@ -1,0 +1,94 @@
+"""``cudashim doctor``: what cudashim sees on this machine, and a self-check.
+
+What a bug report needs, in the spirit of ``torch.utils.collect_env``: versions, the chosen
+backend and why, devices, collectives, policies, vendor packages, and whether a small
+CUDA-style program runs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import platform
+import sys
+import traceback
+
+from . import __version__, backends
+
+VENDOR_PACKAGES = ("intel_extension_for_pytorch", "oneccl_bindings_for_pytorch", "torch_npu",
+                   "habana_frameworks.torch", "cupy")
+
+
+def _found(package: str) -> bool:
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):           # a dotted name whose parent is missing
+        return False
+
+
+def self_check() -> None:
+    """A CUDA-style snippet: raises if anything in it fails under cudashim."""
+    import torch
+
+    device = torch.device("cuda")
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)).cuda()
+    x = torch.randn(4, 8, device="cuda")
+    assert x.is_cuda and next(model.parameters()).is_cuda, "tensors do not report is_cuda"
+    scaler = torch.cuda.amp.GradScaler()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(x.to(device)).float().pow(2).mean()
+    scaler.scale(loss).backward()
+    end.record()
+    torch.cuda.synchronize()
+    assert start.elapsed_time(end) >= 0
+    buffer = io.BytesIO()
+    torch.save(model.state_dict(), buffer)
+    buffer.seek(0)
+    model.load_state_dict(torch.load(buffer, map_location="cuda:0"))
+    assert torch.cuda.is_available() and torch.cuda.device_count() >= 1
+
+
+def doctor(settings) -> int:
+    import torch
+
+    from . import activation
+
+    out = sys.stdout.write
+    out(f"cudashim {__version__}\n")
+    out(f"python {platform.python_version()} on {platform.platform()}\n")
+    out(f"torch {torch.__version__} (built with CUDA: {torch.version.cuda or 'no'})\n")
+    out("backends:\n")
+    for name, state in backends.survey().items():
+        out(f"  {name:6s} {state}\n")
+    out("vendor packages:\n")
+    for package in VENDOR_PACKAGES:
+        out(f"  {package:30s} {'found' if _found(package) else 'not installed'}\n")
+
+    try:
+        with activation.activated(**_as_kwargs(settings)) as backend:
+            reason = activation._state.ACTIVE.reason
+            out(f"chosen backend: {backend.describe()}, {reason}\n")
+            out(f"devices: {backend.device_count()} ({backend.get_device_name(None)})\n")
+            collective = backend.process_group_backend()
+            out(f"collectives: NCCL becomes '{collective}'\n")
+            out("policies: " + ", ".join(
+                f"{q}={'honest' if settings.is_honest(q) else 'compatible'}"
+                for q in ("is_available", "is_cuda")) +
+                f", unsupported APIs: {settings.unsupported}, report: {'on' if settings.report else 'off'}\n")
+            if not backend.redirects:
+                out("self-check: skipped (real CUDA, nothing is redirected)\n")
+                return 0
+            self_check()
+    except Exception as exc:
+        out(f"self-check: FAIL: {type(exc).__name__}: {exc}\n")
+        traceback.print_exc(file=sys.stdout)
+        return 1
+    out("self-check: pass (tensors, .cuda(), autocast, GradScaler, events, backward, checkpoint)\n")
+    return 0
+
+
+def _as_kwargs(settings) -> dict:
+    return {"backend": settings.backend, "device_count": settings.device_count,
+            "honest": settings.honest, "unsupported": settings.unsupported}

@@ -1,0 +1,42 @@
+"""The exception and the warning category cudashim raises, and warn-once."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+
+class CudashimWarning(UserWarning):
+    """Every warning cudashim issues is of this category (filter it as one)."""
+
+
+class UnsupportedCudaAPI(RuntimeError):
+    """A CUDA API with no equivalent on the target backend.
+
+    A RuntimeError, as torch raises for an operation a device does not support.
+    """
+
+    def __init__(self, api: str, backend: str, way_out: str):
+        self.api, self.backend, self.way_out = api, backend, way_out
+        super().__init__(f"{api} is not supported by cudashim on the '{backend}' backend: {way_out}")
+
+
+class UnknownBackendError(ValueError):
+    """A backend name that is not in cudashim's table."""
+
+
+class BackendUnavailableError(RuntimeError):
+    """A backend that was named explicitly but cannot run here."""
+
+
+_warned: set = set()
+_warned_lock = threading.Lock()
+
+
+def warn_once(key: str, message: str, stacklevel: int = 3) -> None:
+    """Warn the first time ``key`` is seen in this process, never again."""
+    with _warned_lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    warnings.warn(message, CudashimWarning, stacklevel=stacklevel)

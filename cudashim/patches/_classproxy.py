@@ -1,0 +1,25 @@
+"""Stand-ins for C classes whose constructor takes a device (``torch.device``,
+``torch.Generator``): calling them translates, ``isinstance`` still works, and the
+instances are the real class's."""
+
+
+def class_proxy(real_cls, construct):
+    class _Meta(type):
+        def __instancecheck__(cls, obj):
+            return isinstance(obj, real_cls)
+
+        def __subclasscheck__(cls, sub):
+            return issubclass(sub, real_cls)
+
+        def __call__(cls, *args, **kwargs):
+            return construct(*args, **kwargs)
+
+        def __getattr__(cls, name):
+            return getattr(real_cls, name)
+
+        def __repr__(cls):
+            return repr(real_cls)
+
+    return _Meta(real_cls.__name__, (), {"__module__": real_cls.__module__,
+                                         "__doc__": real_cls.__doc__,
+                                         "__wrapped__": real_cls})

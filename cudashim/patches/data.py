@@ -1,0 +1,25 @@
+"""DataLoader(pin_memory_device="cuda")."""
+
+import functools
+
+import torch.utils.data
+
+
+def install(ctx):
+    translate = ctx.translate_for("DataLoader(pin_memory_device)")
+    can_pin = ctx.backend.can_pin_memory()
+
+    def make_init(original):
+        def __init__(self, *args, **kwargs):
+            device = kwargs.get("pin_memory_device")
+            if device:
+                target = translate(device)
+                kwargs["pin_memory_device"] = str(target) if target is not device else device
+            if not can_pin and kwargs.get("pin_memory"):
+                # Pinned memory needs an accelerator; the target computes on host memory.
+                kwargs["pin_memory"] = False
+                kwargs.pop("pin_memory_device", None)
+            original(self, *args, **kwargs)
+        return functools.wraps(original)(__init__)
+
+    ctx.replace(torch.utils.data.DataLoader, "__init__", make_init)

@@ -1,0 +1,49 @@
+"""torch.device, torch.Generator, set_default_device and get_device_module."""
+
+import torch
+
+from ._classproxy import class_proxy
+
+
+def install(ctx):
+    real_device = torch.device
+    translate = ctx.translate_for("torch.device")
+
+    def construct_device(*args, **kwargs):
+        if len(args) == 1 and not kwargs and args[0].__class__ is int:
+            return translate(args[0])               # torch.device(0): a CUDA index
+        return translate(real_device(*args, **kwargs))
+
+    ctx.registry.set_attr(torch, "device", class_proxy(real_device, construct_device))
+
+    real_generator = torch.Generator
+    translate_gen = ctx.translate_for("torch.Generator")
+
+    def construct_generator(device="cpu"):
+        return real_generator(device=translate_gen(device))
+
+    ctx.registry.set_attr(torch, "Generator", class_proxy(real_generator, construct_generator))
+
+    translate_default = ctx.translate_for("torch.set_default_device")
+    ctx.replace(torch, "set_default_device",
+                lambda original: lambda device: original(translate_default(device)))
+
+    def make_get_device_module(original):
+        def get_device_module(device=None):
+            if device is not None and _names_cuda(real_device, device):
+                return torch.cuda                      # the proxy, once installed
+            return original(device)
+        return get_device_module
+
+    ctx.replace(torch, "get_device_module", make_get_device_module)
+
+
+def _names_cuda(real_device, device) -> bool:
+    if device.__class__ is real_device:
+        return device.type == "cuda"
+    if isinstance(device, str):
+        try:
+            return real_device(device).type == "cuda"
+        except RuntimeError:
+            return False
+    return False

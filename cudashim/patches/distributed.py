@@ -1,0 +1,104 @@
+"""NCCL becomes the target's collective library.
+
+Backend strings are parsed as torch documents them ("nccl", "cuda:nccl",
+"cpu:gloo,cuda:nccl"); the cuda entry takes the target's device type and library.
+"""
+
+import functools
+
+import torch
+
+
+def translate_backend(spec, backend):
+    """The process-group backend string that replaces ``spec`` on the target."""
+    if spec is None:
+        return backend.process_group_backend()
+    text = str(spec).lower()
+    if ":" not in text:
+        return backend.process_group_backend() if text == "nccl" else spec
+    pairs = []
+    for entry in text.split(","):
+        device, _, library = entry.strip().partition(":")
+        if device == "cuda" or library == "nccl":
+            device, library = backend.device_type, backend.collective
+        if (device, library) not in pairs:
+            pairs.append((device, library))
+    devices = [d for d, _ in pairs]
+    if len(set(devices)) != len(devices):              # cpu:gloo and cpu:gloo (from cuda) merge
+        pairs = list(dict(pairs).items())
+    if len(pairs) == 1 and pairs[0][0] == "cpu":
+        return pairs[0][1]
+    return ",".join(f"{d}:{lib}" for d, lib in pairs)
+
+
+def install(ctx):
+    if not torch.distributed.is_available():
+        return
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    backend = ctx.backend
+    report = ctx.report
+
+    def backend_keyword(api, position):
+        def make(original):
+            def function(*args, **kwargs):
+                if len(args) > position:
+                    new = translate_backend(args[position], backend)
+                    if report is not None and new != args[position]:
+                        report.count(api, new)
+                    args = args[:position] + (new,) + args[position + 1:]
+                else:
+                    given = kwargs.get("backend")
+                    new = translate_backend(given, backend)
+                    if report is not None and new != given:
+                        report.count(api, new)
+                    kwargs["backend"] = new
+                return original(*args, **kwargs)
+            return functools.wraps(original)(function)
+        return make
+
+    translate_device = ctx.translate_for("init_process_group(device_id)")
+
+    def make_init_process_group(original):
+        translated = backend_keyword("init_process_group", 0)(original)
+
+        def init_process_group(*args, **kwargs):
+            device_id = kwargs.get("device_id")
+            if device_id is not None:
+                target = translate_device(device_id)
+                # gloo binds no device; the CPU backend drops it, others pass the real device
+                kwargs["device_id"] = None if target.__class__ is torch.device and \
+                    target.type == "cpu" else target
+            return translated(*args, **kwargs)
+        return functools.wraps(original)(init_process_group)
+
+    ctx.replace(dist, "init_process_group", make_init_process_group)
+    ctx.replace(dist, "new_group", backend_keyword("new_group", 2))
+    ctx.replace(dist, "is_nccl_available", lambda original: functools.wraps(original)(
+        lambda: dist.is_backend_available(backend.collective)))
+
+    def make_barrier(original):
+        def barrier(group=None, async_op=False, device_ids=None):
+            if device_ids is not None and backend.device_type == "cpu":
+                device_ids = None                    # gloo barriers bind no device
+            return original(group=group, async_op=async_op, device_ids=device_ids)
+        return functools.wraps(original)(barrier)
+
+    ctx.replace(dist, "barrier", make_barrier)
+
+    translate_ddp = ctx.translate_for("DistributedDataParallel(device_ids)")
+
+    def make_ddp_init(original):
+        def __init__(self, module, device_ids=None, output_device=None, *args, **kwargs):
+            if device_ids is not None:
+                targets = [translate_ddp(d) for d in device_ids]
+                # DDP takes no device_ids for CPU modules; other targets take real devices
+                device_ids = None if backend.device_type == "cpu" else targets
+            if output_device is not None:
+                target = translate_ddp(output_device)
+                output_device = None if backend.device_type == "cpu" else target
+            original(self, module, device_ids, output_device, *args, **kwargs)
+        return functools.wraps(original)(__init__)
+
+    ctx.replace(DistributedDataParallel, "__init__", make_ddp_init)

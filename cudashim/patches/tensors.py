@@ -1,0 +1,125 @@
+"""Tensor methods that take or report a device, and storages' ``.cuda()``.
+
+``Tensor.is_cuda``, ``Tensor.type()`` and ``Tensor.get_device()`` answer by who asks:
+torch's own modules hear the truth (they branch on ``is_cuda`` into CUDA-only code), the
+program hears that its tensors are on CUDA.
+"""
+
+import functools
+
+import torch
+
+from ..devices import asked_by_torch
+from ..proxy.impl import LEGACY_TENSOR_NAMES, TENSOR_TYPE_NAME_BY_DTYPE
+
+_POSITIONAL_DEVICE = (str, int)
+
+
+def on_target_check(backend):
+    """A fast ``tensor -> bool``: does the tensor live on the target device type?"""
+    getter = vars(torch._C.TensorBase).get(f"is_{backend.device_type}")
+    if getter is not None:
+        return getter.__get__
+    device_type = backend.device_type
+    return lambda t: t.device.type == device_type
+
+
+def install(ctx):
+    T = torch.Tensor
+    backend, settings = ctx.backend, ctx.settings
+    on_target = on_target_check(backend)
+    real_device = torch._C.device
+
+    def make_to(original):
+        translate = ctx.translate_for("Tensor.to")
+
+        def to(self, *args, **kwargs):
+            if args:
+                first = args[0]
+                cls = first.__class__
+                if cls is str or cls is real_device or cls is int:
+                    args = (translate(first),) + args[1:]
+            if kwargs:
+                device = kwargs.get("device")
+                if device is not None:
+                    kwargs["device"] = translate(device)
+            return original(self, *args, **kwargs)
+        return functools.wraps(original)(to)
+
+    real_to = ctx.replace(T, "to", make_to)
+
+    translate_cuda = ctx.translate_for("Tensor.cuda")
+
+    def cuda(self, device=None, non_blocking=False, memory_format=torch.preserve_format):
+        target = translate_cuda("cuda" if device is None else device)
+        return real_to(self, device=target, non_blocking=non_blocking, memory_format=memory_format)
+
+    ctx.registry.set_attr(T, "cuda", cuda)
+
+    for name in ("new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full",
+                 "new_tensor"):
+        ctx.replace(T, name, functools.partial(_device_keyword, translate=ctx.translate_for(f"Tensor.{name}")))
+
+    if not settings.is_honest("is_cuda"):
+        real_is_cuda = vars(torch._C.TensorBase)["is_cuda"].__get__
+
+        def is_cuda(self):
+            if asked_by_torch():
+                return real_is_cuda(self)
+            return on_target(self) or real_is_cuda(self)
+
+        ctx.registry.set_attr(T, "is_cuda", property(is_cuda, doc="True for tensors on the target device"))
+
+        def make_get_device(original):
+            def get_device(self):
+                if on_target(self) and not asked_by_torch():
+                    return backend.current_device() if backend.device_type == "cpu" else original(self)
+                return original(self)
+            return functools.wraps(original)(get_device)
+
+        ctx.replace(T, "get_device", make_get_device)
+
+    def make_type(original):
+        def type_(self, dtype=None, non_blocking=False, **kwargs):
+            if dtype is None:
+                if not settings.is_honest("is_cuda") and on_target(self) and not asked_by_torch():
+                    return TENSOR_TYPE_NAME_BY_DTYPE.get(self.dtype) or original(self)
+                return original(self)
+            name = dtype if isinstance(dtype, str) else getattr(dtype, "_cudashim_legacy_name", None)
+            if name in LEGACY_TENSOR_NAMES:
+                if ctx.report is not None:
+                    ctx.report.count("Tensor.type", backend.target_device(None))
+                return real_to(self, device=backend.target_device(None),
+                               dtype=LEGACY_TENSOR_NAMES[name], non_blocking=non_blocking)
+            return original(self, dtype, non_blocking, **kwargs)
+        return functools.wraps(original)(type_)
+
+    ctx.replace(T, "type", make_type)
+
+    if not backend.can_pin_memory():
+        # Host memory is already where the target computes: pinning is a no-op there.
+        ctx.replace(T, "pin_memory", lambda original: functools.wraps(original)(
+            lambda self, device=None: self))
+        ctx.replace(T, "is_pinned", lambda original: functools.wraps(original)(
+            lambda self, device=None: False))
+
+    ctx.replace(T, "record_stream", lambda original: functools.wraps(original)(
+        lambda self, stream: backend.record_stream(self, stream)))
+
+    translate_storage = ctx.translate_for("Storage.cuda")
+    for storage_cls in (torch.UntypedStorage, torch.TypedStorage):
+        def make_storage_cuda(original):
+            def storage_cuda(self, device=None, non_blocking=False):
+                target = translate_storage("cuda" if device is None else device)
+                return self.to(device=target, non_blocking=non_blocking)
+            return functools.wraps(original)(storage_cuda)
+        ctx.replace(storage_cls, "cuda", make_storage_cuda)
+
+
+def _device_keyword(original, translate):
+    def method(self, *args, **kwargs):
+        device = kwargs.get("device")
+        if device is not None:
+            kwargs["device"] = translate(device)
+        return original(self, *args, **kwargs)
+    return functools.wraps(original)(method)

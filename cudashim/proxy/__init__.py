@@ -1,0 +1,1 @@
+"""The proxy ``torch.cuda`` package: its classification table, implementation and modules."""

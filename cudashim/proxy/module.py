@@ -1,0 +1,94 @@
+"""Builds the proxy modules that stand in for ``torch.cuda`` and its submodules.
+
+Each classified public name is bound to its equivalent; private names fall through to the
+real module, because torch's own internals reach for them (``torch.cuda._lazy_init``) and
+must get the real thing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from typing import Dict
+
+from ..errors import UnsupportedCudaAPI, warn_once
+from . import impl, surface
+
+
+class CudaProxyModule(types.ModuleType):
+    """A stand-in for a real ``torch.cuda`` module."""
+
+    def __init__(self, real: types.ModuleType):
+        super().__init__(real.__name__, real.__doc__)
+        for dunder in ("__file__", "__path__", "__package__", "__spec__", "__loader__"):
+            if hasattr(real, dunder):
+                setattr(self, dunder, getattr(real, dunder))
+        self.__dict__["_cudashim_real"] = real
+
+    def __getattr__(self, name):           # only reached for names not bound on the proxy
+        return getattr(self.__dict__["_cudashim_real"], name)
+
+    def __repr__(self):
+        return f"<cudashim proxy for module '{self.__name__}'>"
+
+
+def build_proxies(real_top, backend, settings, report=None) -> Dict[str, CudaProxyModule]:
+    """{module name: proxy} for ``torch.cuda`` and every public submodule below it."""
+    implementations = impl.build(backend, settings)
+    reals = list(surface.real_submodules(real_top))
+    proxies = {m.__name__: CudaProxyModule(m) for m in reals}
+    top_values: dict = {}
+    for real in reals:                     # torch.cuda comes first: submodules reuse its values
+        proxy = proxies[real.__name__]
+        for name in surface.public_names(real):
+            value = getattr(real, name, None)
+            if real is not real_top and name in top_values and getattr(real_top, name, None) is value:
+                bound = top_values[name]
+            else:
+                bound = _bind(real, name, value, real_top, proxies, implementations, backend,
+                              settings, report)
+            setattr(proxy, name, bound)
+            if real is real_top:
+                top_values[name] = bound
+    return proxies
+
+
+def _bind(real, name, value, real_top, proxies, implementations, backend, settings, report):
+    qualname = f"{real.__name__}.{name}"
+    classified = surface.classify(real_top, real, name)
+    kind, way_out = classified if classified else (surface.REFUSED, surface.UNCLASSIFIED_WAY_OUT)
+    if kind == surface.SAME:
+        return value
+    if kind == surface.SUBMODULE:
+        return proxies[value.__name__]
+    if kind in (surface.BACKEND, surface.SHIM):
+        bound = implementations[real.__name__][name]
+        became = (f"{backend.name} backend" if kind == surface.BACKEND
+                  else f"cudashim on {backend.name}")
+        if report is not None and isinstance(bound, types.FunctionType):
+            bound = report.counting(qualname, became, bound)
+        return bound
+    return refusal(qualname, way_out, kind == surface.HARMLESS, isinstance(value, type),
+                   backend, settings, report)
+
+
+def refusal(api, way_out, harmless, is_class, backend, settings, report=None):
+    """A stand-in that raises UnsupportedCudaAPI (or, for harmless APIs under
+    ``unsupported="warn"``, warns once and does nothing)."""
+
+    def refuse(*args, **kwargs):
+        if harmless and settings.unsupported == "warn":
+            warn_once(api, f"{api} does nothing on the '{backend.name}' backend ({way_out})")
+            if report is not None:
+                report.count(api, "no-op")
+            return contextlib.nullcontext()
+        if report is not None:
+            report.count(api, "refused")
+        raise UnsupportedCudaAPI(api, backend.name, way_out)
+
+    if is_class:                           # keep isinstance() working: a class that refuses to exist
+        short = api.rsplit(".", 1)[1]
+        return type(short, (), {"__new__": lambda cls, *a, **k: refuse(*a, **k),
+                                "__module__": api.rsplit(".", 1)[0]})
+    refuse.__name__ = refuse.__qualname__ = api.rsplit(".", 1)[1]
+    return refuse

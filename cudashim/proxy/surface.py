@@ -1,0 +1,172 @@
+"""Every public name of the real ``torch.cuda`` and its submodules, classified.
+
+BACKEND   the backend's equivalent (a method of the same name on the backend)
+SHIM      cudashim's own implementation, on top of the backend (``proxy/impl.py``)
+SAME      the real object is right everywhere (exception classes)
+SUBMODULE a proxied submodule
+REFUSED   no equivalent: raises UnsupportedCudaAPI naming the way out
+HARMLESS  no equivalent, but doing nothing is safe: refused by default, a no-op with a
+          warning once under ``unsupported="warn"``
+
+A name in a submodule that is the very object of a top-level name is classified by the
+top-level entry. ``tests/test_cuda_surface.py`` enumerates the real modules, so a torch
+release that adds names fails until they are classified here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import types
+from typing import Dict, Iterator, Tuple
+
+BACKEND, SHIM, SAME, SUBMODULE, REFUSED, HARMLESS = (
+    "backend", "shim", "same", "submodule", "refused", "harmless")
+
+_USE_DISTRIBUTED = "use torch.distributed collectives, which cudashim maps to the target's library"
+_NO_GRAPHS = "run the captured work eagerly (or with torch.compile) instead of as a CUDA graph"
+_NO_ALLOCATOR = "remove the call: the target's runtime manages its own memory"
+_NO_NVML = "query the device with its vendor's monitoring tool; NVML exists only for NVIDIA GPUs"
+_NO_CUDA_LIBS = "this handle belongs to a CUDA library (cuBLAS, cuSOLVER, cudart) the target lacks"
+_NO_PROFILER = "use torch.profiler, which cudashim maps to the target's profiler activity"
+_NO_TUNABLE = "TunableOp tunes CUDA/ROCm GEMMs only; remove the call on this target"
+_NO_SPARSE_LEGACY = "create sparse tensors with torch.sparse_coo_tensor(..., device='cuda')"
+
+_LEGACY_TENSORS = ["BFloat16Tensor", "BoolTensor", "ByteTensor", "CharTensor", "DoubleTensor",
+                   "FloatTensor", "HalfTensor", "IntTensor", "LongTensor", "ShortTensor"]
+_LEGACY_STORAGES = ["BFloat16Storage", "BoolStorage", "ByteStorage", "CharStorage",
+                    "ComplexDoubleStorage", "ComplexFloatStorage", "DoubleStorage",
+                    "FloatStorage", "HalfStorage", "IntStorage", "LongStorage", "ShortStorage"]
+
+# name -> (kind, way out for REFUSED / HARMLESS or None)
+SURFACE: Dict[str, Dict[str, Tuple[str, str]]] = {
+    "torch.cuda": {
+        **{n: (BACKEND, None) for n in [
+            "current_device", "device_count", "set_device", "synchronize", "get_device_name",
+            "get_device_properties", "get_device_capability", "is_bf16_supported",
+            "manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed",
+            "get_rng_state", "set_rng_state", "Stream", "Event", "current_stream",
+            "default_stream", "set_stream", "stream", "empty_cache", "memory_allocated",
+            "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+            "reset_peak_memory_stats", "memory_stats", "mem_get_info"]},
+        **{n: (SHIM, None) for n in _LEGACY_TENSORS + _LEGACY_STORAGES + [
+            "is_available", "is_initialized", "init", "device", "device_of", "StreamContext",
+            "get_rng_state_all", "set_rng_state_all", "default_generators",
+            "memory_cached", "max_memory_cached", "reset_max_memory_allocated",
+            "reset_max_memory_cached", "reset_accumulated_memory_stats",
+            "memory_stats_as_nested_dict", "memory_summary", "memory_snapshot",
+            "memory_usage", "device_memory_used", "list_gpu_processes",
+            "set_per_process_memory_fraction", "get_per_process_memory_fraction",
+            "get_allocator_backend", "ipc_collect", "can_device_access_peer",
+            "host_memory_stats", "host_memory_stats_as_nested_dict",
+            "reset_peak_host_memory_stats", "reset_accumulated_host_memory_stats",
+            "get_arch_list", "get_gencode_flags", "is_tf32_supported", "has_half", "has_magma",
+            "get_sync_debug_mode", "set_sync_debug_mode", "is_current_stream_capturing",
+            "make_graphed_callables"]},
+        "CudaError": (SAME, None),
+        "DeferredCudaCallError": (SAME, None),
+        **{n: (SUBMODULE, None) for n in [
+            "amp", "graphs", "jiterator", "memory", "nccl", "nvtx", "profiler", "random",
+            "sparse", "streams", "tunable"]},
+        "CUDAGraph": (REFUSED, _NO_GRAPHS),
+        "graph": (REFUSED, _NO_GRAPHS),
+        "graph_pool_handle": (REFUSED, _NO_GRAPHS),
+        "ExternalStream": (REFUSED, "streams made outside torch exist only in the CUDA runtime"),
+        "get_stream_from_external": (REFUSED, "streams made outside torch exist only in the CUDA runtime"),
+        "GreenContext": (REFUSED, "green contexts partition NVIDIA SMs; run without them"),
+        "MemPool": (REFUSED, _NO_ALLOCATOR),
+        "use_mem_pool": (REFUSED, _NO_ALLOCATOR),
+        "CUDAPluggableAllocator": (REFUSED, _NO_ALLOCATOR),
+        "change_current_allocator": (REFUSED, _NO_ALLOCATOR),
+        "caching_allocator_alloc": (REFUSED, "allocate a tensor with torch.empty(..., device='cuda')"),
+        "caching_allocator_delete": (REFUSED, "free memory by dropping the tensor"),
+        "caching_allocator_enable": (HARMLESS, _NO_ALLOCATOR),
+        "caching_allocator_disabled": (REFUSED, _NO_ALLOCATOR),
+        "cudart": (REFUSED, _NO_CUDA_LIBS),
+        "check_error": (REFUSED, _NO_CUDA_LIBS),
+        "cudaStatus": (REFUSED, _NO_CUDA_LIBS),
+        "current_blas_handle": (REFUSED, _NO_CUDA_LIBS),
+        "current_solver_handle": (REFUSED, _NO_CUDA_LIBS),
+        "clock_rate": (REFUSED, _NO_NVML),
+        "power_draw": (REFUSED, _NO_NVML),
+        "temperature": (REFUSED, _NO_NVML),
+        "utilization": (REFUSED, _NO_NVML),
+    },
+    "torch.cuda.amp": {n: (SHIM, None) for n in [
+        "autocast", "GradScaler", "custom_fwd", "custom_bwd", "amp_definitely_not_available"]},
+    "torch.cuda.amp.autocast_mode": {},
+    "torch.cuda.amp.common": {},
+    "torch.cuda.amp.grad_scaler": {},
+    "torch.cuda.comm": {n: (REFUSED, _USE_DISTRIBUTED + " or tensor .to()/.sum() calls") for n in [
+        "broadcast", "broadcast_coalesced", "reduce_add", "reduce_add_coalesced", "scatter",
+        "gather"]},
+    "torch.cuda.gds": {n: (REFUSED, "GPUDirect Storage exists only for NVIDIA GPUs; use torch.load/save")
+                       for n in ["gds_register_buffer", "gds_deregister_buffer", "GdsFile"]},
+    "torch.cuda.graphs": {},
+    "torch.cuda.green_contexts": {},
+    "torch.cuda.jiterator": {},
+    "torch.cuda.memory": {},
+    "torch.cuda.nccl": {n: (REFUSED, _USE_DISTRIBUTED) for n in [
+        "all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter"]},
+    "torch.cuda.nvtx": {n: (HARMLESS, "use torch.profiler.record_function for named ranges")
+                        for n in ["range_push", "range_pop", "range_start", "range_end", "mark",
+                                  "range"]},
+    "torch.cuda.profiler": {n: (HARMLESS, _NO_PROFILER) for n in ["start", "stop", "profile"]},
+    "torch.cuda.random": {},
+    "torch.cuda.sparse": {n: (REFUSED, _NO_SPARSE_LEGACY) for n in [
+        "BFloat16Tensor", "ByteTensor", "CharTensor", "DoubleTensor", "FloatTensor",
+        "HalfTensor", "IntTensor", "LongTensor", "ShortTensor"]},
+    "torch.cuda.streams": {},
+    "torch.cuda.tunable": {n: (HARMLESS, _NO_TUNABLE) for n in [
+        "enable", "is_enabled", "tuning_enable", "tuning_is_enabled", "record_untuned_enable",
+        "record_untuned_is_enabled", "set_max_tuning_duration", "get_max_tuning_duration",
+        "set_max_tuning_iterations", "get_max_tuning_iterations", "set_filename",
+        "get_filename", "get_results", "get_validators", "read_file", "tune_gemm_in_file",
+        "mgpu_tune_gemm_in_file", "set_rotating_buffer_size", "get_rotating_buffer_size",
+        "set_numerical_check_tolerances"]},
+}
+
+UNCLASSIFIED_WAY_OUT = ("this torch release added it after cudashim's table was written; "
+                        "please report it")
+
+
+def public_names(module: types.ModuleType):
+    """A module's public API: its ``__all__`` plus the public names it defines itself."""
+    names = set(getattr(module, "__all__", ()))
+    for name in dir(module):
+        if name.startswith("_"):
+            continue
+        value = getattr(module, name, None)
+        if isinstance(value, types.ModuleType):
+            if value.__name__ == f"{module.__name__}.{name}":
+                names.add(name)                      # a submodule of this package
+            continue
+        if getattr(value, "__module__", None) == module.__name__:
+            names.add(name)
+    return sorted(names)
+
+
+def real_submodules(package: types.ModuleType) -> Iterator[types.ModuleType]:
+    """The package and every public submodule below it, imported."""
+    yield package
+    for info in pkgutil.iter_modules(getattr(package, "__path__", [])):
+        if info.name.startswith("_"):
+            continue
+        try:
+            sub = importlib.import_module(f"{package.__name__}.{info.name}")
+        except Exception:          # a submodule that cannot import on this build is no API here
+            continue
+        yield from real_submodules(sub)
+
+
+def classify(real_top: types.ModuleType, module: types.ModuleType, name: str):
+    """(kind, way out) for ``module.name``; None when it is not classified."""
+    table = SURFACE.get(module.__name__, {})
+    if name in table:
+        return table[name]
+    value = getattr(module, name, None)
+    if module is not real_top and hasattr(real_top, name) and getattr(real_top, name) is value:
+        return classify(real_top, real_top, name)
+    if isinstance(value, types.ModuleType) and value.__name__ in SURFACE:
+        return (SUBMODULE, None)
+    return None

@@ -1,0 +1,106 @@
+"""The report: which CUDA APIs a program used, how often, what each became, and where.
+
+Counting happens only when the report is on; patches are built with or without it, so a
+program without ``--report`` pays nothing for it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Dict, Optional
+
+_SKIP_DIRS = tuple(str(Path(p).resolve()) + os.sep for p in (
+    Path(__file__).parent,                                   # cudashim itself
+))
+
+
+def _torch_dir() -> Optional[str]:
+    torch = sys.modules.get("torch")
+    return str(Path(torch.__file__).parent.resolve()) + os.sep if torch else None
+
+
+class Report:
+    def __init__(self, backend_name: str):
+        self.backend_name = backend_name
+        self.entries: Dict[str, dict] = {}
+        self._lock = threading.Lock()
+        self._skip = _SKIP_DIRS + tuple(d for d in (_torch_dir(),) if d)
+
+    def count(self, api: str, became) -> None:
+        entry = self.entries.get(api)
+        if entry is None:
+            with self._lock:
+                entry = self.entries.setdefault(
+                    api, {"calls": 0, "became": str(became), "first_call": self._call_site()})
+        entry["calls"] += 1
+
+    def counting(self, api: str, became: str, function):
+        """Wrap ``function`` so that each call is counted under ``api``."""
+        def counted(*args, **kwargs):
+            self.count(api, became)
+            return function(*args, **kwargs)
+        counted.__name__ = counted.__qualname__ = getattr(function, "__name__", api)
+        counted.__doc__ = function.__doc__
+        return counted
+
+    def _call_site(self) -> str:
+        """file:line of the first frame outside cudashim, torch and runpy (the user's code)."""
+        frame = sys._getframe(2)
+        while frame is not None:
+            filename = frame.f_code.co_filename
+            if not self._is_internal(filename):
+                return f"{filename}:{frame.f_lineno}"
+            frame = frame.f_back
+        return "?"
+
+    def _is_internal(self, filename: str) -> bool:
+        if filename.startswith("<frozen"):
+            return True
+        if filename.startswith("<"):                 # "<string>": code given with -c
+            return False
+        return (os.path.basename(filename) == "runpy.py"
+                or os.path.realpath(filename).startswith(self._skip))
+
+    # --- output -----------------------------------------------------------------------
+    def as_dict(self) -> dict:
+        return {"backend": self.backend_name, "rank": os.environ.get("RANK"), "pid": os.getpid(),
+                "apis": {k: dict(v) for k, v in sorted(self.entries.items())}}
+
+    def render(self) -> str:
+        rank = os.environ.get("RANK")
+        title = f"cudashim report ({self.backend_name} backend" + (f", rank {rank})" if rank else ")")
+        if not self.entries:
+            return f"{title}: the program used no CUDA API\n"
+        rows = [("CUDA API", "calls", "became", "first call")]
+        for api, e in sorted(self.entries.items(), key=lambda kv: (-kv[1]["calls"], kv[0])):
+            rows.append((api, str(e["calls"]), e["became"], e["first_call"]))
+        widths = [max(len(r[i]) for r in rows) for i in range(3)]
+        lines = [title]
+        for r in rows:
+            lines.append("  ".join(r[i].ljust(widths[i]) if i < 3 else r[i] for i in range(4)))
+        return "\n".join(lines) + "\n"
+
+    def write(self, json_path: Optional[str], print_table: bool) -> None:
+        if print_table:
+            sys.stderr.write(self.render())
+        if json_path:
+            path = Path(rank_path(json_path))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(self.as_dict(), indent=2) + "\n")
+
+    def write_at_exit(self, json_path: Optional[str], print_table: bool) -> None:
+        atexit.register(self.write, json_path, print_table)
+
+
+def rank_path(path: str) -> str:
+    """``report.json`` becomes ``report.rank3.json`` in rank 3, so ranks do not overwrite."""
+    rank = os.environ.get("RANK")
+    if rank is None:
+        return path
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}.rank{rank}{p.suffix}"))
