@@ -14,6 +14,8 @@ import threading
 from pathlib import Path
 from typing import Dict, Optional
 
+from .devices import asked_by_torch
+
 _SKIP_DIRS = tuple(str(Path(p).resolve()) + os.sep for p in (
     Path(__file__).parent,                                   # cudashim itself
 ))
@@ -42,7 +44,8 @@ class Report:
     def counting(self, api: str, became: str, function):
         """Wrap ``function`` so that each call is counted under ``api``."""
         def counted(*args, **kwargs):
-            self.count(api, became)
+            if not asked_by_torch():           # torch calling torch.cuda is not the program's use
+                self.count(api, became)
             return function(*args, **kwargs)
         counted.__name__ = counted.__qualname__ = getattr(function, "__name__", api)
         counted.__doc__ = function.__doc__

@@ -47,7 +47,8 @@ def device_index(backend, device, optional: bool = True) -> Optional[int]:
 
 def build(backend, settings) -> dict:
     """{module name: {attribute: object}} for every BACKEND and SHIM name."""
-    return {"torch.cuda": _top_level(backend, settings), "torch.cuda.amp": _amp(backend)}
+    return {"torch.cuda": _top_level(backend, settings), "torch.cuda.amp": _amp(backend),
+            "torch.cuda.nccl": {"is_available": lambda tensors=None: False}}
 
 
 def _top_level(backend, settings) -> dict:

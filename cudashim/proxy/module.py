@@ -37,19 +37,17 @@ def build_proxies(real_top, backend, settings, report=None) -> Dict[str, CudaPro
     implementations = impl.build(backend, settings)
     reals = list(surface.real_submodules(real_top))
     proxies = {m.__name__: CudaProxyModule(m) for m in reals}
-    top_values: dict = {}
-    for real in reals:                     # torch.cuda comes first: submodules reuse its values
+    for real in reals:                     # packages come before their submodules
         proxy = proxies[real.__name__]
         for name in surface.public_names(real):
             value = getattr(real, name, None)
-            if real is not real_top and name in top_values and getattr(real_top, name, None) is value:
-                bound = top_values[name]
+            owner = surface.enclosing_owner(real_top, real, name)
+            if owner is not None:          # the same object as the package's: the same stand-in
+                bound = getattr(proxies[owner.__name__], name)
             else:
                 bound = _bind(real, name, value, real_top, proxies, implementations, backend,
                               settings, report)
             setattr(proxy, name, bound)
-            if real is real_top:
-                top_values[name] = bound
     return proxies
 
 

@@ -8,8 +8,9 @@ REFUSED   no equivalent: raises UnsupportedCudaAPI naming the way out
 HARMLESS  no equivalent, but doing nothing is safe: refused by default, a no-op with a
           warning once under ``unsupported="warn"``
 
-A name in a submodule that is the very object of a top-level name is classified by the
-top-level entry. ``tests/test_cuda_surface.py`` enumerates the real modules, so a torch
+A name in a submodule that is the very object of a name in an enclosing package
+(``torch.cuda.memory.memory_allocated`` is ``torch.cuda.memory_allocated``) is classified
+by that package's entry. ``tests/test_cuda_surface.py`` enumerates the real modules, so a torch
 release that adds names fails until they are classified here.
 """
 
@@ -106,8 +107,12 @@ SURFACE: Dict[str, Dict[str, Tuple[str, str]]] = {
     "torch.cuda.green_contexts": {},
     "torch.cuda.jiterator": {},
     "torch.cuda.memory": {},
-    "torch.cuda.nccl": {n: (REFUSED, _USE_DISTRIBUTED) for n in [
-        "all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter"]},
+    "torch.cuda.nccl": {
+        **{n: (REFUSED, _USE_DISTRIBUTED) for n in [
+            "all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "init_rank",
+            "unique_id", "version"]},
+        "is_available": (SHIM, None),
+    },
     "torch.cuda.nvtx": {n: (HARMLESS, "use torch.profiler.record_function for named ranges")
                         for n in ["range_push", "range_pop", "range_start", "range_end", "mark",
                                   "range"]},
@@ -156,7 +161,7 @@ def real_submodules(package: types.ModuleType) -> Iterator[types.ModuleType]:
             sub = importlib.import_module(f"{package.__name__}.{info.name}")
         except Exception:          # a submodule that cannot import on this build is no API here
             continue
-        yield from real_submodules(sub)
+        yield from real_submodules(vars(sub).get("_cudashim_real", sub))   # past a proxy
 
 
 def classify(real_top: types.ModuleType, module: types.ModuleType, name: str):
@@ -165,8 +170,22 @@ def classify(real_top: types.ModuleType, module: types.ModuleType, name: str):
     if name in table:
         return table[name]
     value = getattr(module, name, None)
-    if module is not real_top and hasattr(real_top, name) and getattr(real_top, name) is value:
-        return classify(real_top, real_top, name)
+    enclosing = enclosing_owner(real_top, module, name)
+    if enclosing is not None:
+        return classify(real_top, enclosing, name)
     if isinstance(value, types.ModuleType) and value.__name__ in SURFACE:
         return (SUBMODULE, None)
+    return None
+
+
+def enclosing_owner(real_top: types.ModuleType, module: types.ModuleType, name: str):
+    """The nearest enclosing package that exposes the very same object under ``name``."""
+    import sys
+    value = getattr(module, name, None)
+    parts = module.__name__.split(".")
+    for depth in range(len(parts) - 1, 1, -1):
+        package_name = ".".join(parts[:depth])
+        package = real_top if package_name == real_top.__name__ else sys.modules.get(package_name)
+        if package is not None and hasattr(package, name) and getattr(package, name) is value:
+            return package
     return None

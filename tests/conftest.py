@@ -1,0 +1,39 @@
+"""Every test runs in a forked child (pytest --forked, set in pyproject.toml): patching
+torch is process-wide, and the parent must stay clean for the next test."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PARENT_PID = os.getpid()
+
+
+@pytest.fixture(autouse=True)
+def _runs_forked():
+    assert os.getpid() != PARENT_PID, "tests must run forked (pytest --forked)"
+    import cudashim
+    assert not cudashim.is_active(), "cudashim leaked into the test parent"
+    yield
+
+
+@pytest.fixture
+def shim():
+    """cudashim active on the CPU backend, in this forked test process."""
+    import torch  # noqa: F401
+    import cudashim
+    cudashim.activate("cpu")
+    yield cudashim
+    cudashim.deactivate()
+
+
+def python(*args, env=None, cwd=None, timeout=300, input=None):
+    """Run a fresh interpreter; return the CompletedProcess (text)."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("CUDASHIM_")}
+    full_env.pop("PYTHONPATH", None)
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=full_env,
+                          cwd=cwd or ROOT, timeout=timeout, input=input)

@@ -1,0 +1,117 @@
+import sys
+import time
+
+import pytest
+import torch
+
+
+def test_proxy_is_installed_everywhere_torch_cuda_is_reached(shim):
+    proxy = sys.modules["torch.cuda"]
+    assert torch.cuda is proxy and proxy is not shim._state.real(torch, "cuda")
+    import torch.cuda.amp as amp
+    from torch.cuda.amp import GradScaler, autocast
+    assert amp is sys.modules["torch.cuda.amp"] is torch.cuda.amp
+    assert GradScaler is torch.cuda.amp.GradScaler and autocast is torch.cuda.amp.autocast
+    for sub in ("nvtx", "random", "memory", "streams", "graphs", "amp"):
+        assert sys.modules[f"torch.cuda.{sub}"] is getattr(torch.cuda, sub)
+    assert torch.cuda.memory.memory_allocated is torch.cuda.memory_allocated
+    assert torch.cuda._is_compiled is shim._state.real(torch, "cuda")._is_compiled
+
+
+def test_rng_calls_drive_the_cpu_generator(shim):
+    torch.cuda.manual_seed(7)
+    a = torch.rand(4, device="cuda")
+    torch.manual_seed(7)
+    assert torch.equal(a, torch.rand(4))
+    state = torch.cuda.get_rng_state()
+    b = torch.randn(3)
+    torch.cuda.set_rng_state(state)
+    assert torch.equal(b, torch.randn(3))
+    torch.cuda.manual_seed_all(11)
+    assert torch.cuda.initial_seed() == 11
+    assert len(torch.cuda.get_rng_state_all()) == torch.cuda.device_count()
+
+
+def test_event_timing_is_measured(shim):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    time.sleep(0.05)
+    end.record()
+    end.synchronize()
+    assert 45 <= start.elapsed_time(end) < 5000
+    with pytest.raises(RuntimeError, match="recorded"):
+        torch.cuda.Event(enable_timing=True).elapsed_time(end)
+    with pytest.raises(RuntimeError, match="enable_timing"):
+        torch.cuda.Event().elapsed_time(end)
+
+
+def test_memory_statistics_are_real(shim):
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.max_memory_allocated()
+    block = torch.ones(64 * 2 ** 20 // 4)          # 64 MiB, touched
+    peak = torch.cuda.max_memory_allocated()
+    assert peak - base >= 48 * 2 ** 20
+    assert torch.cuda.memory_allocated() >= 48 * 2 ** 20
+    del block
+    free, total = torch.cuda.mem_get_info()
+    assert 0 < free <= total == torch.cuda.get_device_properties(0).total_memory
+    stats = torch.cuda.memory_stats()
+    assert stats["allocated_bytes.all.peak"] >= stats["allocated_bytes.all.current"] > 0
+    assert torch.cuda.memory_stats_as_nested_dict()["allocated_bytes"]["all"]["peak"] > 0
+    assert "allocated" in torch.cuda.memory_summary()
+
+
+def test_device_properties_and_feature_checks(shim):
+    p = torch.cuda.get_device_properties(0)
+    assert p.name == torch.cuda.get_device_name(0) and p.total_memory > 2 ** 30
+    assert (p.major, p.minor) == torch.cuda.get_device_capability() == (8, 0)
+    assert p.multi_processor_count >= 1
+    assert torch.cuda.is_bf16_supported() and torch.cuda.is_available()
+    assert torch.cuda.get_arch_list() == ["sm_80"]
+    assert torch.cuda.current_device() == 0 and torch.cuda.device_count() == 1
+
+
+def test_is_available_tells_torch_the_truth(shim):
+    import types
+    asked_by_torch = types.FunctionType(
+        compile("def ask(cuda): return cuda.is_available()", "<torch>", "exec").co_consts[0],
+        {"__name__": "torch._dynamo.utils"})
+    assert torch.cuda.is_available() is True
+    assert asked_by_torch(torch.cuda) is False
+
+
+def test_refused_api_names_itself_the_backend_and_the_way_out(shim):
+    for refuse in (lambda: torch.cuda.CUDAGraph(), lambda: torch.cuda.graph(None),
+                   lambda: torch.cuda.nccl.all_reduce([]), lambda: torch.cuda.nvtx.range_push("x"),
+                   lambda: torch.cuda.utilization()):
+        with pytest.raises(shim.UnsupportedCudaAPI) as info:
+            refuse()
+        message = str(info.value)
+        assert message.startswith("torch.cuda.") and "'cpu' backend" in message
+        assert "\n" not in message
+    assert isinstance(shim.UnsupportedCudaAPI("a", "b", "c"), RuntimeError)
+    assert not isinstance(object(), torch.cuda.CUDAGraph)
+
+
+def test_harmless_apis_warn_once_and_do_nothing_when_asked():
+    import warnings
+    import cudashim
+    cudashim.activate("cpu", unsupported="warn")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.nvtx.range_push("step")
+        torch.cuda.nvtx.range_push("step")
+        with torch.cuda.nvtx.range("block"):
+            pass
+        torch.cuda.profiler.start()
+    ours = [w for w in caught if issubclass(w.category, cudashim.CudashimWarning)]
+    assert len(ours) == 3                      # range_push once, range once, start once
+    with pytest.raises(cudashim.UnsupportedCudaAPI):
+        torch.cuda.CUDAGraph()                 # not harmless: still refused
+    cudashim.deactivate()
+
+
+def test_make_graphed_callables_runs_eagerly(shim):
+    model = torch.nn.Linear(2, 2)
+    with pytest.warns(shim.CudashimWarning, match="eagerly"):
+        assert torch.cuda.make_graphed_callables(model, (torch.ones(1, 2),)) is model

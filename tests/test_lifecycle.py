@@ -1,0 +1,116 @@
+import sys
+import threading
+
+import pytest
+
+from conftest import python
+
+
+def _snapshot(constructors):
+    """Every object cudashim may patch, by identity."""
+    import torch
+    import torch.distributed as dist
+
+    objects = {f"{o.__name__}.{n}": getattr(o, n) for o, n in constructors}
+    for name in ("to", "cuda", "type", "new_empty", "new_zeros", "new_ones", "new_full",
+                 "new_tensor", "pin_memory", "is_pinned", "record_stream", "get_device"):
+        objects[f"Tensor.{name}"] = torch.Tensor.__dict__.get(name, "<inherited>")
+    objects["Tensor.is_cuda"] = torch.Tensor.__dict__.get("is_cuda", "<inherited>")
+    for name in ("device", "Generator", "load", "cuda", "set_default_device", "get_device_module",
+                 "is_autocast_enabled", "get_autocast_dtype"):
+        objects[f"torch.{name}"] = getattr(torch, name)
+    objects["autocast.__init__"] = torch.amp.autocast_mode.autocast.__init__
+    objects["GradScaler.__init__"] = torch.amp.grad_scaler.GradScaler.__init__
+    objects["Module.to"] = torch.nn.Module.to
+    objects["DataLoader.__init__"] = torch.utils.data.DataLoader.__init__
+    objects["init_process_group"] = dist.init_process_group
+    objects["sdpa_kernel"] = torch.nn.attention.sdpa_kernel
+    objects["profile.__init__"] = torch.profiler.profile.__init__
+    for name, module in sys.modules.items():
+        if name == "torch.cuda" or name.startswith("torch.cuda."):
+            objects[f"sys.modules[{name}]"] = module
+    return objects
+
+
+def test_deactivate_restores_every_identity():
+    import torch
+    import cudashim
+    from cudashim.patches.factories import constructors
+
+    found = constructors()                   # found by identity: before activation
+    before = _snapshot(found)
+    cudashim.activate("cpu")
+    during = _snapshot(found)
+    changed = [k for k in before if before[k] is not during[k]]
+    assert len(changed) > 40, "activation should have patched the surface"
+    cudashim.deactivate()
+    after = _snapshot(found)
+    assert [k for k in before if before[k] is not after[k]] == []
+    assert not cudashim.is_active() and cudashim.current_backend() is None
+    assert torch.Tensor.cuda is torch._C.TensorBase.cuda
+
+
+def test_activate_twice_is_harmless_and_reactivation_works():
+    import torch
+    import cudashim
+
+    first = cudashim.activate("cpu")
+    patched = torch.Tensor.to
+    assert cudashim.activate() is first
+    assert torch.Tensor.to is patched
+    cudashim.deactivate()
+    cudashim.activate("cpu")
+    assert torch.zeros(1, device="cuda").is_cuda
+    cudashim.deactivate()
+
+
+def test_concurrent_activation_patches_once():
+    import torch
+    import cudashim
+
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(cudashim.activate("cpu")))
+               for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({id(r) for r in results}) == 1
+    from cudashim import _state
+    names = [(id(p.owner), p.name) for p in _state.REGISTRY]
+    assert len(names) == len(set(names)), "something was patched twice"
+    cudashim.deactivate()
+
+
+def test_activation_before_torch_is_imported_waits_for_it():
+    code = (
+        "import sys, cudashim\n"
+        "assert cudashim.activate('cpu') is None and 'torch' not in sys.modules\n"
+        "import torch\n"
+        "assert torch.zeros(2, device='cuda').is_cuda\n"
+        "print(cudashim.current_backend().name)\n")
+    result = python("-c", code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "cpu"
+
+
+def test_importing_cudashim_imports_no_torch_and_cpu_imports_no_vendor_package():
+    code = (
+        "import sys, cudashim\n"
+        "assert 'torch' not in sys.modules\n"
+        "import torch; cudashim.activate('cpu')\n"
+        "vendors = ['intel_extension_for_pytorch', 'torch_npu', 'habana_frameworks', 'cupy']\n"
+        "print([v for v in vendors if v in sys.modules])\n")
+    result = python("-c", code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_activated_context_manager_scopes_the_shim():
+    import torch
+    import cudashim
+
+    with cudashim.activated("cpu") as backend:
+        assert backend.name == "cpu" and torch.cuda.is_available()
+    assert not cudashim.is_active()
+    assert not torch.cuda.is_available()
