@@ -65,7 +65,8 @@ def run(kind: str, target: str, args: list) -> None:
     except SystemExit:
         raise
     except BaseException as exc:
-        sys.excepthook(type(exc), exc, _user_traceback(exc.__traceback__))
+        trimmed = _user_traceback(exc.__traceback__)
+        sys.excepthook(type(exc), exc.with_traceback(trimmed), trimmed)
         raise SystemExit(130 if isinstance(exc, KeyboardInterrupt) else 1) from None
 
 

@@ -14,8 +14,6 @@ import threading
 from pathlib import Path
 from typing import Dict, Optional
 
-from .devices import asked_by_torch
-
 _SKIP_DIRS = tuple(str(Path(p).resolve()) + os.sep for p in (
     Path(__file__).parent,                                   # cudashim itself
 ))
@@ -40,16 +38,6 @@ class Report:
                 entry = self.entries.setdefault(
                     api, {"calls": 0, "became": str(became), "first_call": self._call_site()})
         entry["calls"] += 1
-
-    def counting(self, api: str, became: str, function):
-        """Wrap ``function`` so that each call is counted under ``api``."""
-        def counted(*args, **kwargs):
-            if not asked_by_torch():           # torch calling torch.cuda is not the program's use
-                self.count(api, became)
-            return function(*args, **kwargs)
-        counted.__name__ = counted.__qualname__ = getattr(function, "__name__", api)
-        counted.__doc__ = function.__doc__
-        return counted
 
     def _call_site(self) -> str:
         """file:line of the first frame outside cudashim, torch and runpy (the user's code)."""

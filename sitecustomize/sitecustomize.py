@@ -41,7 +41,11 @@ def _activate():
 
 def _warn(message):
     import warnings
-    warnings.warn(message, RuntimeWarning, stacklevel=2)
+    try:
+        from cudashim.errors import CudashimWarning as category
+    except Exception:              # cudashim itself is what failed to import
+        category = RuntimeWarning
+    warnings.warn(message, category, stacklevel=2)
 
 
 _run_next_sitecustomize()

@@ -1,5 +1,7 @@
 """torch.device, torch.Generator, set_default_device and get_device_module."""
 
+import functools
+
 import torch
 
 from ._classproxy import class_proxy
@@ -25,15 +27,15 @@ def install(ctx):
     ctx.registry.set_attr(torch, "Generator", class_proxy(real_generator, construct_generator))
 
     translate_default = ctx.translate_for("torch.set_default_device")
-    ctx.replace(torch, "set_default_device",
-                lambda original: lambda device: original(translate_default(device)))
+    ctx.replace(torch, "set_default_device", lambda original: functools.wraps(original)(
+        lambda device: original(translate_default(device))))
 
     def make_get_device_module(original):
         def get_device_module(device=None):
             if device is not None and _names_cuda(real_device, device):
                 return torch.cuda                      # the proxy, once installed
             return original(device)
-        return get_device_module
+        return functools.wraps(original)(get_device_module)
 
     ctx.replace(torch, "get_device_module", make_get_device_module)
 

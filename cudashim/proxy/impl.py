@@ -16,7 +16,6 @@ from typing import Optional
 import torch
 
 from .. import _state
-from ..devices import asked_by_torch
 from ..errors import warn_once
 
 # The dtypes of the legacy ``torch.cuda.<Name>Tensor`` / ``<Name>Storage`` classes.
@@ -272,17 +271,15 @@ def _top_level(backend, settings) -> dict:
     # --- SHIM: state, capabilities and feature checks ---------------------------------
     real_cuda = _state.real(torch, "cuda")
 
+    # torch's own modules reach the real functions instead of these (proxy/module.py).
     @export
     def is_available() -> bool:
-        # torch's own modules hear the truth, or they take CUDA-only paths (torch.compile).
-        if settings.is_honest("is_available") or asked_by_torch():
+        if settings.is_honest("is_available"):
             return real_cuda.is_available()
         return backend.device_count() > 0
 
     @export
     def is_initialized() -> bool:
-        if asked_by_torch():
-            return real_cuda.is_initialized()
         return True
 
     @export

@@ -11,6 +11,7 @@ import contextlib
 import types
 from typing import Dict
 
+from ..devices import asked_by_torch
 from ..errors import UnsupportedCudaAPI, warn_once
 from . import impl, surface
 
@@ -61,13 +62,31 @@ def _bind(real, name, value, real_top, proxies, implementations, backend, settin
         return proxies[value.__name__]
     if kind in (surface.BACKEND, surface.SHIM):
         bound = implementations[real.__name__][name]
-        became = (f"{backend.name} backend" if kind == surface.BACKEND
-                  else f"cudashim on {backend.name}")
-        if report is not None and isinstance(bound, types.FunctionType):
-            bound = report.counting(qualname, became, bound)
+        if isinstance(bound, types.FunctionType) and callable(value):
+            became = (f"{backend.name} backend" if kind == surface.BACKEND
+                      else f"cudashim on {backend.name}")
+            bound = answer_by_caller(qualname, value, bound, became, report)
         return bound
     return refusal(qualname, way_out, kind == surface.HARMLESS, isinstance(value, type),
                    backend, settings, report)
+
+
+def answer_by_caller(api, real, ours, became, report=None):
+    """torch's own modules call the real function, so torch behaves exactly as it does
+    without cudashim (inductor, for one, branches on what torch.cuda raises); the program
+    and its libraries call ours."""
+
+    def function(*args, **kwargs):
+        if asked_by_torch():
+            return real(*args, **kwargs)
+        if report is not None:
+            report.count(api, became)
+        return ours(*args, **kwargs)
+
+    function.__name__ = function.__qualname__ = ours.__name__
+    function.__doc__ = ours.__doc__ or getattr(real, "__doc__", None)
+    function.__wrapped__ = ours
+    return function
 
 
 def refusal(api, way_out, harmless, is_class, backend, settings, report=None):

@@ -186,6 +186,7 @@ def enclosing_owner(real_top: types.ModuleType, module: types.ModuleType, name: 
     for depth in range(len(parts) - 1, 1, -1):
         package_name = ".".join(parts[:depth])
         package = real_top if package_name == real_top.__name__ else sys.modules.get(package_name)
+        package = vars(package).get("_cudashim_real", package) if package is not None else None
         if package is not None and hasattr(package, name) and getattr(package, name) is value:
             return package
     return None

@@ -1,0 +1,62 @@
+import pytest
+import torch
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_autocast_cuda_runs_on_the_target_with_the_dtype(shim, dtype):
+    a = torch.randn(4, 4, device="cuda")
+    with torch.autocast("cuda", dtype=dtype):
+        assert (a @ a).dtype == dtype
+        assert torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") == dtype
+    with torch.amp.autocast(device_type="cuda", dtype=dtype):
+        assert (a @ a).dtype == dtype
+
+
+def test_cuda_amp_spellings(shim):
+    a = torch.randn(4, 4).cuda()
+    with torch.cuda.amp.autocast():
+        assert (a @ a).dtype == torch.float16          # CUDA's default autocast dtype
+
+    @torch.cuda.amp.autocast(dtype=torch.bfloat16)
+    def decorated(x):
+        return x @ x
+    assert decorated(a).dtype == torch.bfloat16
+    assert isinstance(torch.cuda.amp.autocast(), torch.amp.autocast)
+
+
+def test_gradscaler_both_spellings_step_on_the_target(shim):
+    # a modest initial scale: 2**16 overflows fp16 here and the first step is (rightly) skipped
+    for scaler in (torch.cuda.amp.GradScaler(init_scale=1024.0),
+                   torch.amp.GradScaler("cuda", init_scale=1024.0),
+                   torch.amp.GradScaler(init_scale=1024.0)):
+        model = torch.nn.Linear(4, 1).cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        before = model.weight.detach().clone()
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = model(torch.randn(8, 4, device="cuda")).float().pow(2).mean()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        assert scaler.is_enabled() and scaler._device == "cpu"
+        assert not torch.equal(before, model.weight)
+
+
+def test_custom_fwd_and_bwd(shim):
+    class Square(torch.autograd.Function):
+        @staticmethod
+        @torch.cuda.amp.custom_fwd(cast_inputs=torch.float32)
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * x
+
+        @staticmethod
+        @torch.amp.custom_bwd(device_type="cuda")
+        def backward(ctx, grad):
+            (x,) = ctx.saved_tensors
+            return 2 * x * grad
+
+    x = torch.ones(2, requires_grad=True, device="cuda")
+    with torch.autocast("cuda", dtype=torch.float16):
+        y = Square.apply(x)
+    y.sum().backward()
+    assert y.dtype == torch.float32 and x.grad.tolist() == [2.0, 2.0]

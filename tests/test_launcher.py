@@ -1,0 +1,139 @@
+"""python -m cudashim behaves like python; children are shimmed; the hook never breaks start-up."""
+
+import json
+import os
+import sys
+
+import pytest
+
+from conftest import ROOT, python
+
+PROBE = """
+import sys, os, torch
+print(repr(sys.argv))
+print(__name__)
+print(sys.path[0])
+print(torch.zeros(1, device="cuda").is_cuda)
+"""
+
+
+def test_script_gets_python_semantics(tmp_path):
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE + "sys.exit(3)\n")
+    result = python("-m", "cudashim", str(script), "--lr", "1", cwd=tmp_path)
+    assert result.returncode == 3, result.stderr
+    argv, name, path0, is_cuda = result.stdout.splitlines()
+    assert argv == repr([str(script), "--lr", "1"]) and name == "__main__"
+    assert path0 == str(tmp_path) and is_cuda == "True"
+
+
+def test_module_and_code(tmp_path):
+    (tmp_path / "probe_mod.py").write_text(PROBE)
+    result = python("-m", "cudashim", "-m", "probe_mod", "x", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    argv, name, path0, is_cuda = result.stdout.splitlines()
+    assert argv == repr([str(tmp_path / "probe_mod.py"), "x"]) and name == "__main__"
+    assert path0 == str(tmp_path) and is_cuda == "True"
+    result = python("-m", "cudashim", "-c", PROBE, "a", "--b")
+    argv, name, path0, is_cuda = result.stdout.splitlines()
+    assert argv == repr(["-c", "a", "--b"]) and name == "__main__" and path0 == ""
+
+
+def test_traceback_reads_as_under_python(tmp_path):
+    script = tmp_path / "boom.py"
+    script.write_text("def f():\n    raise ValueError('boom')\nf()\n")
+    shimmed, plain = python("-m", "cudashim", str(script)), python(str(script))
+    assert shimmed.returncode == plain.returncode == 1
+    assert shimmed.stderr == plain.stderr
+
+
+def test_missing_script_fails_as_python_does(tmp_path):
+    shimmed = python("-m", "cudashim", "missing.py", cwd=tmp_path)
+    plain = python("missing.py", cwd=tmp_path)
+    assert shimmed.returncode == plain.returncode == 2
+    assert shimmed.stderr == plain.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--backend", "tpu", "-c", "1"], "unknown cudashim backend 'tpu'; valid: auto, cpu, cuda"),
+    (["--backend", "cuda", "-c", "1"], "cudashim backend 'cuda' cannot run here: no working CUDA"),
+    (["--device-count", "x", "-c", "1"], "invalid int value"),
+    ([], "no program given"),
+])
+def test_bad_options_fail_with_status_2_and_one_line(args, message):
+    result = python("-m", "cudashim", *args)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_version_and_help():
+    import cudashim
+    assert python("-m", "cudashim", "--version").stdout.strip() == f"cudashim {cudashim.__version__}"
+    help_text = python("-m", "cudashim", "--help").stdout
+    assert "--backend" in help_text and "--report" in help_text
+
+
+def test_program_options_are_not_taken_for_cudashim_options(tmp_path):
+    result = python("-m", "cudashim", "-c", "import sys; print(sys.argv)", "--backend", "mine")
+    assert result.returncode == 0 and "'--backend', 'mine'" in result.stdout
+
+
+def test_subprocess_pythons_are_shimmed_too(tmp_path):
+    child = "import torch; print(torch.cuda.is_available(), torch.ones(1).cuda().is_cuda)"
+    parent = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}], check=True)"
+    result = python("-m", "cudashim", "-c", parent)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "True True"
+
+
+def test_hook_chains_to_an_existing_sitecustomize_and_survives_bad_settings(tmp_path):
+    image_site = tmp_path / "image"
+    image_site.mkdir()
+    (image_site / "sitecustomize.py").write_text("import os; os.environ['IMAGE_HOOK_RAN'] = '1'\n")
+    hook = str(ROOT / "sitecustomize")
+    env = {"PYTHONPATH": os.pathsep.join([hook, str(ROOT), str(image_site)]), "CUDASHIM_ACTIVATE": "1"}
+    probe = "import os, sys, torch; print(os.environ.get('IMAGE_HOOK_RAN'), torch.cuda.is_available())"
+    result = python("-c", probe, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["1", "True"]
+    bad = python("-c", probe, env={**env, "CUDASHIM_DEVICE_COUNT": "lots"})
+    assert bad.returncode == 0 and bad.stdout.split() == ["1", "False"]
+    assert bad.stderr.count("CudashimWarning: cudashim is not active") == 1
+    no_torch = python("-c", "import sys; print('torch' in sys.modules)", env=env)
+    assert no_torch.stdout.strip() == "False", "the hook must not import torch at start-up"
+    for flag in ("-S", "-I"):
+        assert python(flag, "-c", "print('up')", env=env).stdout.strip() == "up"
+
+
+def test_import_cudashim_auto_as_the_first_line(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("import cudashim.auto\nimport torch\nprint(torch.ones(2).cuda().is_cuda)\n")
+    result = python(str(script), env={"PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "True"
+
+
+def test_report_lists_apis_with_counts_and_first_call_site_per_rank(tmp_path):
+    script = tmp_path / "uses.py"
+    script.write_text("import torch\nfor _ in range(3):\n    x = torch.zeros(2, device='cuda')\n"
+                      "torch.cuda.synchronize()\n")
+    result = python("-m", "cudashim", "--report", "--report-json", str(tmp_path / "r.json"),
+                    str(script), env={"RANK": "1"})
+    assert result.returncode == 0, result.stderr
+    assert "torch.zeros" in result.stderr and "rank 1" in result.stderr
+    report = json.loads((tmp_path / "r.rank1.json").read_text())
+    assert report["apis"]["torch.zeros"] == {"calls": 3, "became": "cpu", "first_call": f"{script}:3"}
+    assert report["apis"]["torch.cuda.synchronize"]["calls"] == 1
+    assert "torch.cuda.manual_seed_all" not in report["apis"]
+
+
+def test_cudashim_command_run_and_doctor():
+    result = python("-c", "from cudashim.cli import main; main()", "run", "-c",
+                    "import torch; print(torch.ones(1).cuda().is_cuda)")
+    assert result.returncode == 0 and result.stdout.strip() == "True", result.stderr
+    doctor = python("-c", "from cudashim.cli import main; main()", "doctor")
+    assert doctor.returncode == 0, doctor.stdout
+    for expected in ("torch 2.", "chosen backend: cpu", "collectives: NCCL becomes 'gloo'",
+                     "policies:", "vendor packages:", "self-check: pass"):
+        assert expected in doctor.stdout
