@@ -1,0 +1,23 @@
+"""The README's promise is what CI proves."""
+
+import re
+
+from conftest import ROOT
+
+
+def _readme_commands():
+    block = re.search(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    return [line.split("#")[0].strip() for line in block.strip().splitlines()]
+
+
+def test_readme_opens_with_two_commands_and_ci_runs_the_test_one():
+    commands = _readme_commands()
+    assert len(commands) == 2 and "example" in commands[0]
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert commands[1] in ci.splitlines()
+
+
+def test_the_example_environment_runs_the_unmodified_example_under_the_shim():
+    tox = (ROOT / "tox.ini").read_text()
+    assert "python -m cudashim --report examples/gpt.py" in tox
+    assert "torch==2.13.0" in tox
