@@ -11,8 +11,7 @@ import torch
 
 from ..devices import asked_by_torch
 from ..proxy.impl import LEGACY_TENSOR_NAMES, TENSOR_TYPE_NAME_BY_DTYPE
-
-_POSITIONAL_DEVICE = (str, int)
+from ._arguments import to_method
 
 
 def on_target_check(backend):
@@ -28,25 +27,9 @@ def install(ctx):
     T = torch.Tensor
     backend, settings = ctx.backend, ctx.settings
     on_target = on_target_check(backend)
-    real_device = torch._C.device
 
-    def make_to(original):
-        translate = ctx.translate_for("Tensor.to")
-
-        def to(self, *args, **kwargs):
-            if args:
-                first = args[0]
-                cls = first.__class__
-                if cls is str or cls is real_device or cls is int:
-                    args = (translate(first),) + args[1:]
-            if kwargs:
-                device = kwargs.get("device")
-                if device is not None:
-                    kwargs["device"] = translate(device)
-            return original(self, *args, **kwargs)
-        return functools.wraps(original)(to)
-
-    real_to = ctx.replace(T, "to", make_to)
+    ctx.replace(T, "to", functools.partial(to_method, translate=ctx.translate_for("Tensor.to")))
+    real_to = torch._C.TensorBase.to
 
     translate_cuda = ctx.translate_for("Tensor.cuda")
 
