@@ -1,0 +1,102 @@
+"""The error-compensated 1-bit allreduce behind 1-bit Adam, 1-bit LAMB and 0/1 Adam.
+
+Every rank sends one sign bit per element plus one scale, twice, instead of a float per
+element: about 1/16 of a float32 all_reduce's traffic. What compression loses is kept in
+the worker and server error tensors and added back on the next call, so the error does
+not accumulate. Runs over ``torch.distributed`` on any collective library.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from . import pack_signs, unpack_signs
+
+
+def error_buffer_size(numel: int, world_size: int) -> int:
+    """The worker-error length for a buffer of ``numel`` elements: rounded up to a multiple
+    of 8 x world size, so the packed signs split into whole bytes, one chunk per rank.
+    The server error is this divided by the world size."""
+    unit = 8 * world_size
+    return -(-numel // unit) * unit
+
+
+def _signs(x: torch.Tensor) -> torch.Tensor:
+    """+1 where x >= 0 (zero counts as positive), -1 elsewhere."""
+    return torch.where(x >= 0, 1.0, -1.0).to(x.dtype)
+
+
+def _compress(x: torch.Tensor, error: torch.Tensor):
+    """Scale and packed signs of ``x``; ``error`` becomes what they fail to represent."""
+    scale = torch.linalg.vector_norm(x) / math.sqrt(x.numel())
+    torch.sub(x, _signs(x) * scale, out=error)
+    return scale, pack_signs(x)
+
+
+class CompressedBackend:
+    """``compressed_allreduce`` over the ranks of ``group`` (default: the world)."""
+
+    def __init__(self, group: Optional[dist.ProcessGroup] = None):
+        self.group = group
+        self.world_size = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+
+    def compressed_allreduce(self, buffer: torch.Tensor, worker_error: torch.Tensor,
+                             server_error: torch.Tensor) -> torch.Tensor:
+        """Average ``buffer`` across ranks through 1-bit compression, in place; returns it.
+
+        ``worker_error`` has ``error_buffer_size(buffer.numel(), world_size)`` elements and
+        ``server_error`` that divided by the world size; both start at zero and are
+        carried from call to call.
+        """
+        world, size, n = self.world_size, worker_error.numel(), buffer.numel()
+        if size % (8 * world) or size < n:
+            raise ValueError(f"worker_error has {size} elements; expected "
+                             f"error_buffer_size({n}, {world}) = {error_buffer_size(n, world)}")
+        chunk = size // world
+        if server_error.numel() != chunk:
+            raise ValueError(f"server_error has {server_error.numel()} elements; expected {chunk}")
+        dtype, device = worker_error.dtype, buffer.device
+
+        # Worker side: compensate, compress, send chunk r of the signs to rank r.
+        x = torch.zeros(size, dtype=dtype, device=device)
+        x[:n] = buffer.reshape(-1)
+        x.add_(worker_error)
+        worker_scale, packed = _compress(x, worker_error)
+        received = torch.empty_like(packed)
+        dist.all_to_all_single(received, packed, group=self.group)
+        worker_scales = self._all_gather_scale(worker_scale)
+
+        # Server side: average this rank's chunk across ranks, compensate, compress again.
+        signs = unpack_signs(received, dtype=dtype).view(world, chunk)
+        server = (signs * worker_scales.view(world, 1)).sum(0).div_(world)
+        server.add_(server_error)
+        server_scale, server_packed = _compress(server, server_error)
+
+        # Everyone gathers every server chunk and decompresses the whole buffer.
+        gathered = [torch.empty_like(server_packed) for _ in range(world)]
+        dist.all_gather(gathered, server_packed, group=self.group)
+        server_scales = self._all_gather_scale(server_scale)
+        result = unpack_signs(torch.cat(gathered), dtype=dtype).view(world, chunk)
+        result.mul_(server_scales.view(world, 1))
+        buffer.copy_(result.reshape(-1)[:n].view_as(buffer))
+        return buffer
+
+    def _all_gather_scale(self, scale: torch.Tensor) -> torch.Tensor:
+        scales = [torch.empty(1, dtype=scale.dtype, device=scale.device) for _ in range(self.world_size)]
+        dist.all_gather(scales, scale.reshape(1), group=self.group)
+        return torch.cat(scales)
+
+    @staticmethod
+    def wire_bytes(numel: int, world_size: int, dtype_bytes: int = 4) -> int:
+        """Bytes one rank sends per call (payloads only): its signs to the other ranks,
+        its server chunk's signs, and two scales to each."""
+        size = error_buffer_size(numel, world_size)
+        others = world_size - 1
+        signs_out = size // 8 * others // world_size          # all_to_all: all chunks but its own
+        server_out = size // world_size // 8 * others          # all_gather of its server chunk
+        return signs_out + server_out + 2 * dtype_bytes * others
