@@ -25,15 +25,12 @@ def error_buffer_size(numel: int, world_size: int) -> int:
     return -(-numel // unit) * unit
 
 
-def _signs(x: torch.Tensor) -> torch.Tensor:
-    """+1 where x >= 0 (zero counts as positive), -1 elsewhere."""
-    return torch.where(x >= 0, 1.0, -1.0).to(x.dtype)
-
-
 def _compress(x: torch.Tensor, error: torch.Tensor):
-    """Scale and packed signs of ``x``; ``error`` becomes what they fail to represent."""
+    """Scale and packed signs of ``x`` (zero counts as positive); ``error`` becomes what
+    they fail to represent: ``x - scale * sign``."""
     scale = torch.linalg.vector_norm(x) / math.sqrt(x.numel())
-    torch.sub(x, _signs(x) * scale, out=error)
+    scaled_signs = (x >= 0).to(x.dtype).mul_(2 * scale).sub_(scale)    # +scale or -scale
+    torch.sub(x, scaled_signs, out=error)
     return scale, pack_signs(x)
 
 
