@@ -19,7 +19,6 @@ class _Active:
     backend = None       # the Backend instance, once torch is patched
     reason = ""          # why that backend was chosen
     armed = False        # activate() called; patches wait for torch to be imported
-    report = None        # the Report, when one is kept
 
 
 ACTIVE = _Active()

@@ -15,7 +15,7 @@ import sys
 import wrapt
 
 from . import _settings, _state, backends
-from .errors import CudashimWarning, warn_once
+from .errors import warn_once
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,6 @@ def _install(settings):
         raise
     if report is not None:
         report.write_at_exit(settings.report_json, settings.report)
-    _state.ACTIVE.report = report
     log.info("cudashim: CUDA redirected to %s, %s; %d patches", backend.describe(), reason,
              len(_state.REGISTRY))
     return backend

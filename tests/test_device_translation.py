@@ -37,7 +37,6 @@ def test_torch_device_proxy_keeps_isinstance_and_equality(shim):
 
 
 def test_translator_caches_and_leaves_non_cuda_specs_alone(shim):
-    translate = shim._state.REGISTRY  # noqa: F841  (the shim is active)
     from cudashim.devices import DeviceTranslator
     t = DeviceTranslator(shim.current_backend())
     cpu = torch.device("cpu")

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from conftest import ROOT, python
+from conftest import python
 
 
 @pytest.mark.parametrize("example, port, args", [

@@ -1,8 +1,6 @@
 import sys
 import threading
 
-import pytest
-
 from conftest import python
 
 

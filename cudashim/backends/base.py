@@ -8,7 +8,6 @@ module lacks. Methods take ``device`` as a CUDA-style index (``None`` = current 
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 from typing import ClassVar, Optional, Tuple
 
