@@ -31,6 +31,7 @@ BACKEND_AUTO = "auto"
 HONEST_QUESTIONS = {
     "is_available": "torch.cuda.is_available() says whether real CUDA works",
     "is_cuda": "Tensor.is_cuda is True only for real CUDA tensors",
+    "get_backend": "torch.distributed.get_backend() names the real collective library",
 }
 UNSUPPORTED_POLICIES = ("raise", "warn")
 

@@ -136,13 +136,16 @@ class CPUBackend(Backend):
     @staticmethod
     def _resolve_count(settings) -> int:
         # Default to one device: more makes libraries wrap models in nn.DataParallel and
-        # mp.spawn(nprocs=device_count()) start that many processes.
+        # mp.spawn(nprocs=device_count()) start that many processes. Under torchrun each
+        # rank sees one device per local rank, as on a machine with a GPU per process, so
+        # torch.cuda.set_device(local_rank) works.
         if settings.device_count is not None:
             return settings.device_count
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         if visible is not None:
             return visible_device_count(visible)
-        return 1
+        local_world = os.environ.get("LOCAL_WORLD_SIZE", "")
+        return int(local_world) if local_world.isdigit() and int(local_world) > 0 else 1
 
     # --- devices ----------------------------------------------------------------------
     def device_count(self) -> int:

@@ -5,8 +5,11 @@ Backend strings are parsed as torch documents them ("nccl", "cuda:nccl",
 """
 
 import functools
+import weakref
 
 import torch
+
+from ..devices import asked_by_torch
 
 
 def translate_backend(spec, backend):
@@ -75,6 +78,8 @@ def install(ctx):
 
     ctx.replace(dist, "init_process_group", make_init_process_group)
     ctx.replace(dist, "new_group", backend_keyword("new_group", 2))
+    if not ctx.settings.is_honest("get_backend"):
+        _answer_nccl_for_nccl_groups(ctx, dist)
     ctx.replace(dist, "is_nccl_available", lambda original: functools.wraps(original)(
         lambda: dist.is_backend_available(backend.collective)))
 
@@ -102,3 +107,53 @@ def install(ctx):
         return functools.wraps(original)(__init__)
 
     ctx.replace(DistributedDataParallel, "__init__", make_ddp_init)
+
+
+def _nccl_spelling(spec):
+    """How the program spelled an NCCL request ("nccl", "cuda:nccl", ...), or None."""
+    if spec is None:
+        return None                  # no backend asked for: torch's choice, reported as is
+    text = str(spec).lower()
+    return text if "nccl" in [part.rpartition(":")[2] for part in text.split(",")] else None
+
+
+def _answer_nccl_for_nccl_groups(ctx, dist):
+    """``get_backend()`` says "nccl" to the program for the groups it asked NCCL for;
+    torch's own modules hear the real library (they choose devices by it)."""
+    asked = weakref.WeakKeyDictionary()       # group -> how the program spelled NCCL
+    default = {}
+
+    def remember_default(original):
+        def init_process_group(*args, **kwargs):
+            spelling = _nccl_spelling(args[0] if args else kwargs.get("backend"))
+            result = original(*args, **kwargs)
+            default["spelling"] = spelling
+            return result
+        return functools.wraps(original)(init_process_group)
+
+    def remember_group(original):
+        def new_group(*args, **kwargs):
+            spec = args[2] if len(args) > 2 else kwargs.get("backend")
+            group = original(*args, **kwargs)
+            spelling = _nccl_spelling(spec) if spec is not None else default.get("spelling")
+            if spelling is not None and group is not None:
+                asked[group] = spelling
+            return group
+        return functools.wraps(original)(new_group)
+
+    def make_get_backend(original):
+        def get_backend(group=None):
+            real = original(group)
+            if asked_by_torch():
+                return real
+            spelling = default.get("spelling") if group is None else asked.get(group)
+            if spelling is None:
+                return real
+            if ctx.report is not None:
+                ctx.report.count("get_backend", f"{spelling} (really {real})")
+            return spelling
+        return functools.wraps(original)(get_backend)
+
+    ctx.replace(dist, "init_process_group", remember_default)
+    ctx.replace(dist, "new_group", remember_group)
+    ctx.replace(dist, "get_backend", make_get_backend)

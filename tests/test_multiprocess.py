@@ -1,0 +1,23 @@
+"""Multi-process: torchrun ranks and every kind of child Python come up shimmed."""
+
+import pytest
+import torch
+
+from conftest import python
+
+
+def torchrun(*args, nproc=2, timeout=300, env=None):
+    return python("-m", "cudashim", "-m", "torch.distributed.run", "--standalone",
+                  "--nproc-per-node", str(nproc), *args, timeout=timeout, env=env)
+
+
+def test_two_ranks_train_like_one_rank_with_the_same_data(tmp_path):
+    two = torchrun("tests/programs/ddp_train.py", "--batch-size", "8", "--out", str(tmp_path / "two.pt"))
+    assert two.returncode == 0, two.stderr[-3000:]
+    one = torchrun("tests/programs/ddp_train.py", "--batch-size", "16", "--out",
+                   str(tmp_path / "one.pt"), nproc=1)
+    assert one.returncode == 0, one.stderr[-3000:]
+    a, b = torch.load(tmp_path / "two.pt"), torch.load(tmp_path / "one.pt")
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)
