@@ -21,3 +21,19 @@ def test_two_ranks_train_like_one_rank_with_the_same_data(tmp_path):
     assert a.keys() == b.keys()
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)
+
+
+def _child_answers(*launcher):
+    result = python(*launcher, "tests/programs/children.py", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return dict(line.split(": ") for line in result.stdout.strip().splitlines())
+
+
+def test_every_child_python_is_shimmed():
+    answers = _child_answers("-m", "cudashim")
+    assert len(answers) == 8 and set(answers.values()) == {"True"}, answers
+
+
+def test_without_the_launcher_no_child_is_shimmed():
+    answers = _child_answers()
+    assert len(answers) == 8 and set(answers.values()) == {"False"}, answers
