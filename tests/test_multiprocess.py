@@ -1,6 +1,7 @@
 """Multi-process: torchrun ranks and every kind of child Python come up shimmed."""
 
-import pytest
+import json
+
 import torch
 
 from conftest import python
@@ -12,8 +13,12 @@ def torchrun(*args, nproc=2, timeout=300, env=None):
 
 
 def test_two_ranks_train_like_one_rank_with_the_same_data(tmp_path):
-    two = torchrun("tests/programs/ddp_train.py", "--batch-size", "8", "--out", str(tmp_path / "two.pt"))
+    two = torchrun("tests/programs/ddp_train.py", "--batch-size", "8", "--out", str(tmp_path / "two.pt"),
+                   env={"CUDASHIM_REPORT_JSON": str(tmp_path / "report.json")})
     assert two.returncode == 0, two.stderr[-3000:]
+    for rank in (0, 1):                            # one report per rank, none overwritten
+        report = json.loads((tmp_path / f"report.rank{rank}.json").read_text())
+        assert report["rank"] == str(rank) and report["apis"]["Tensor.cuda"]["calls"] > 0
     one = torchrun("tests/programs/ddp_train.py", "--batch-size", "16", "--out",
                    str(tmp_path / "one.pt"), nproc=1)
     assert one.returncode == 0, one.stderr[-3000:]
@@ -37,3 +42,13 @@ def test_every_child_python_is_shimmed():
 def test_without_the_launcher_no_child_is_shimmed():
     answers = _child_answers()
     assert len(answers) == 8 and set(answers.values()) == {"False"}, answers
+
+
+def test_a_failing_rank_fails_torchrun_with_its_error(tmp_path):
+    result = torchrun("tests/programs/failing_rank.py", timeout=240,
+                      env={"CUDASHIM_REPORT_JSON": str(tmp_path / "report.json")})
+    assert result.returncode != 0
+    assert "ValueError: rank 1 gives up (local rank 1)" in result.stderr
+    # the failing rank still wrote its report (rank 0 may be stopped by torchrun first)
+    rank1 = json.loads((tmp_path / "report.rank1.json").read_text())
+    assert rank1["rank"] == "1" and rank1["apis"]["init_process_group"]["became"] == "gloo"
