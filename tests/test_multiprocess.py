@@ -52,3 +52,31 @@ def test_a_failing_rank_fails_torchrun_with_its_error(tmp_path):
     # the failing rank still wrote its report (rank 0 may be stopped by torchrun first)
     rank1 = json.loads((tmp_path / "report.rank1.json").read_text())
     assert rank1["rank"] == "1" and rank1["apis"]["init_process_group"]["became"] == "gloo"
+
+
+def test_two_nodes_on_loopback_train_like_one_process(tmp_path):
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CUDASHIM_")}
+    nodes = [subprocess.Popen(
+        [sys.executable, "-m", "cudashim", "-m", "torch.distributed.run", "--nnodes", "2",
+         "--node-rank", str(node), "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
+         "--master-port", str(port), "tests/programs/ddp_train.py", "--batch-size", "8",
+         "--out", str(tmp_path / "nodes.pt")],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for node in (0, 1)]
+    outputs = [node.communicate(timeout=240) for node in nodes]
+    assert [n.returncode for n in nodes] == [0, 0], outputs[0][1][-2000:] + outputs[1][1][-2000:]
+    one = torchrun("tests/programs/ddp_train.py", "--batch-size", "16", "--out",
+                   str(tmp_path / "one.pt"), nproc=1)
+    assert one.returncode == 0, one.stderr[-3000:]
+    a, b = torch.load(tmp_path / "nodes.pt"), torch.load(tmp_path / "one.pt")
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)
