@@ -80,3 +80,10 @@ def test_two_nodes_on_loopback_train_like_one_process(tmp_path):
     a, b = torch.load(tmp_path / "nodes.pt"), torch.load(tmp_path / "one.pt")
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)
+
+
+def test_device_mesh_and_fsdp_written_for_cuda():
+    result = torchrun("tests/programs/mesh_fsdp.py", timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for rank in (0, 1):                # the ranks share stdout: their lines may interleave
+        assert f"rank {rank}: mesh on cpu, fully_shard and FSDP trained" in result.stdout

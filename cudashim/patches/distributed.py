@@ -107,6 +107,66 @@ def install(ctx):
         return functools.wraps(original)(__init__)
 
     ctx.replace(DistributedDataParallel, "__init__", make_ddp_init)
+    _device_meshes_and_fsdp(ctx)
+
+
+def _device_mesh_and_fsdp_modules():
+    import importlib
+    found = {}
+    for name in ("torch.distributed.device_mesh", "torch.distributed.fsdp"):
+        try:
+            found[name] = importlib.import_module(name)
+        except Exception:             # not built into this torch
+            pass
+    return found
+
+
+def _device_meshes_and_fsdp(ctx):
+    """``init_device_mesh("cuda", ...)``, ``DeviceMesh("cuda", ...)`` and FSDP's
+    ``device_id=`` name the target instead."""
+    modules = _device_mesh_and_fsdp_modules()
+    mesh_module = modules.get("torch.distributed.device_mesh")
+    if mesh_module is not None and hasattr(mesh_module, "init_device_mesh"):
+        translate_mesh = ctx.translate_type("init_device_mesh")
+        ctx.replace(mesh_module, "init_device_mesh", functools.partial(
+            _first_argument, name="device_type", translate=translate_mesh))
+        translate_class = ctx.translate_type("DeviceMesh")
+
+        def make_mesh_init(original):
+            def __init__(self, *args, **kwargs):
+                if args:
+                    args = (translate_class(args[0]),) + args[1:]
+                elif "device_type" in kwargs:
+                    kwargs["device_type"] = translate_class(kwargs["device_type"])
+                original(self, *args, **kwargs)
+            return functools.wraps(original)(__init__)
+
+        ctx.replace(mesh_module.DeviceMesh, "__init__", make_mesh_init)
+        if getattr(torch.distributed, "init_device_mesh", None) is not None:
+            ctx.registry.set_attr(torch.distributed, "init_device_mesh", mesh_module.init_device_mesh)
+
+    fsdp_module = modules.get("torch.distributed.fsdp")
+    if fsdp_module is not None and hasattr(fsdp_module, "FullyShardedDataParallel"):
+        translate_id = ctx.translate_for("FullyShardedDataParallel(device_id)")
+
+        def make_fsdp_init(original):
+            def __init__(self, *args, **kwargs):
+                if kwargs.get("device_id") is not None:
+                    kwargs["device_id"] = translate_id(kwargs["device_id"])
+                original(self, *args, **kwargs)
+            return functools.wraps(original)(__init__)
+
+        ctx.replace(fsdp_module.FullyShardedDataParallel, "__init__", make_fsdp_init)
+
+
+def _first_argument(original, name, translate):
+    def function(*args, **kwargs):
+        if args:
+            args = (translate(args[0]),) + args[1:]
+        elif name in kwargs:
+            kwargs[name] = translate(kwargs[name])
+        return original(*args, **kwargs)
+    return functools.wraps(original)(function)
 
 
 def _nccl_spelling(spec):
