@@ -3,6 +3,7 @@
     python -m cudashim [options] script.py args...     (also -m module, -c code)
     cudashim run [options] script.py args...           (the same)
     cudashim doctor [--backend NAME]                   (what cudashim sees here)
+    cudashim image-env [--backend NAME ...]            (the lines that shim every Python in an image)
 """
 
 from __future__ import annotations
@@ -116,16 +117,24 @@ def main(argv: Optional[List[str]] = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="cudashim", description="Run CUDA PyTorch programs anywhere.")
     parser.add_argument("--version", action="version", version=f"cudashim {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="{run,doctor}")
+    commands = parser.add_subparsers(dest="command", metavar="{run,doctor,image-env}")
     commands.add_parser("run", add_help=False, help="run a program (same as python -m cudashim)")
     doctor = commands.add_parser("doctor", help="show what cudashim sees here and self-check it")
     _add_setting_options(doctor)
+    image_env = commands.add_parser("image-env", help="print the environment that shims every Python "
+                                                      "started with it (for a container image)")
+    _add_setting_options(image_env)
     if argv[:1] == ["run"]:
         return run_main(argv[1:], prog="cudashim run")
     ns = parser.parse_args(argv)
     if ns.command is None:
         parser.print_help()
         raise SystemExit(2)
-    settings = _load_settings(doctor, ns)
+    settings = _load_settings(doctor if ns.command == "doctor" else image_env, ns)
+    if ns.command == "image-env":
+        from . import launcher
+        for name, value in launcher.child_environment(settings, existing_pythonpath="").items():
+            print(f"{name}={value}")
+        return None
     from .doctor import doctor as run_doctor
     raise SystemExit(run_doctor(settings))

@@ -25,15 +25,19 @@ def hook_dir() -> Path:
     return installed if (installed / "sitecustomize.py").exists() else PACKAGE_DIR.parent / "sitecustomize"
 
 
-def export_to_children(settings) -> None:
-    """Make every Python started from here come up shimmed with the same settings."""
-    os.environ.update(settings.to_environ())
-    os.environ[_settings.ENV_ACTIVATE] = "1"
+def child_environment(settings, existing_pythonpath: str) -> dict:
+    """The variables that make a Python come up shimmed with these settings."""
     entries = [str(hook_dir())]
     if PACKAGE_DIR.parent.name not in ("site-packages", "dist-packages"):
         entries.append(str(PACKAGE_DIR.parent))      # a source checkout: children import it too
-    existing = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    os.environ["PYTHONPATH"] = os.pathsep.join(entries + [p for p in existing if p not in entries])
+    existing = [p for p in existing_pythonpath.split(os.pathsep) if p]
+    return {"PYTHONPATH": os.pathsep.join(entries + [p for p in existing if p not in entries]),
+            _settings.ENV_ACTIVATE: "1", **settings.to_environ()}
+
+
+def export_to_children(settings) -> None:
+    """Make every Python started from here come up shimmed with the same settings."""
+    os.environ.update(child_environment(settings, os.environ.get("PYTHONPATH", "")))
 
 
 def check_script(path: str) -> None:

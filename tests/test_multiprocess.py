@@ -87,3 +87,12 @@ def test_device_mesh_and_fsdp_written_for_cuda():
     assert result.returncode == 0, result.stderr[-3000:]
     for rank in (0, 1):                # the ranks share stdout: their lines may interleave
         assert f"rank {rank}: mesh on cpu, fully_shard and FSDP trained" in result.stdout
+
+
+def test_torchrun_started_by_a_shimmed_program_with_tcp_rendezvous(tmp_path):
+    launch = ("import subprocess, sys; subprocess.run([sys.executable, '-m', 'torch.distributed.run', "
+              "'--standalone', '--nproc-per-node', '2', 'tests/programs/ddp_train.py', '--tcp', "
+              f"'--out', {str(tmp_path / 'tcp.pt')!r}], check=True)")
+    result = python("-m", "cudashim", "-c", launch, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert set(torch.load(tmp_path / "tcp.pt")) == {"0.weight", "0.bias", "2.weight", "2.bias"}

@@ -12,10 +12,15 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--batch-size", type=int, default=8)
 parser.add_argument("--epochs", type=int, default=3)
 parser.add_argument("--out", required=True)
+parser.add_argument("--tcp", action="store_true", help="tcp:// rendezvous instead of env://")
 args = parser.parse_args()
 
 local_rank = int(os.environ["LOCAL_RANK"])
-dist.init_process_group("nccl")
+if args.tcp:
+    dist.init_process_group(backend="nccl", init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+                            rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+else:
+    dist.init_process_group("nccl")
 torch.cuda.set_device(local_rank)
 assert dist.get_backend() == "nccl"
 rank, world = dist.get_rank(), dist.get_world_size()

@@ -1,0 +1,47 @@
+"""A container image with cudashim baked in: only environment lines, every Python shimmed,
+and an interpreter with a broken torch or a broken cudashim still starts."""
+
+from conftest import python
+
+PROBE = "import torch; print(torch.cuda.is_available(), torch.zeros(1, device='cuda').is_cuda)"
+
+
+def image_environment(*options):
+    result = python("-c", "from cudashim.cli import main; main()", "image-env", *options)
+    assert result.returncode == 0, result.stderr
+    return dict(line.split("=", 1) for line in result.stdout.strip().splitlines())
+
+
+def test_the_printed_environment_alone_shims_a_fresh_interpreter():
+    env = image_environment("--device-count", "3")
+    assert env["CUDASHIM_ACTIVATE"] == "1" and "sitecustomize" in env["PYTHONPATH"]
+    result = python("-c", PROBE + "; print(torch.cuda.device_count())", env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", "True", "3"]
+    switched_off = python("-c", PROBE, env={**env, "CUDASHIM_ACTIVATE": "0"})
+    assert switched_off.returncode != 0 and "AssertionError" in switched_off.stderr
+
+
+def test_a_broken_torch_is_reported_by_torch_not_by_the_hook(tmp_path):
+    broken = tmp_path / "broken"
+    (broken / "torch").mkdir(parents=True)
+    (broken / "torch" / "__init__.py").write_text("raise ImportError('this torch build is broken')\n")
+    env = image_environment()
+    env["PYTHONPATH"] += f":{broken}"
+    started = python("-c", "print('up')", env=env)
+    assert started.returncode == 0 and started.stdout.strip() == "up" and started.stderr == ""
+    failed = python("-c", "import torch", env=env)
+    assert "ImportError: this torch build is broken" in failed.stderr and "cudashim" not in failed.stderr
+
+
+def test_a_broken_cudashim_costs_one_warning_and_nothing_else(tmp_path):
+    env = image_environment()
+    hook = env["PYTHONPATH"].split(":")[0]
+    fake = tmp_path / "fake"
+    (fake / "cudashim").mkdir(parents=True)
+    (fake / "cudashim" / "__init__.py").write_text("raise RuntimeError('half-installed')\n")
+    env["PYTHONPATH"] = f"{hook}:{fake}"
+    result = python("-c", "print('up')", env=env)
+    assert result.returncode == 0 and result.stdout.strip() == "up"
+    warnings = [line for line in result.stderr.splitlines() if "Warning:" in line]
+    assert len(warnings) == 1 and "cudashim is not active" in warnings[0] and "half-installed" in warnings[0]
