@@ -34,54 +34,96 @@ def translate_backend(spec, backend):
     return ",".join(f"{d}:{lib}" for d, lib in pairs)
 
 
+class NcclSpellings:
+    """Which groups the program asked NCCL for, and how it spelled it ("nccl",
+    "cuda:nccl", ...): ``get_backend()`` answers the program with that spelling."""
+
+    def __init__(self):
+        self.default = None
+        self.groups = weakref.WeakKeyDictionary()
+
+    def remember_default(self, spec) -> None:
+        self.default = _nccl_spelling(spec)
+
+    def remember_group(self, group, spec) -> None:
+        spelling = _nccl_spelling(spec) if spec is not None else self.default
+        if spelling is not None and group is not None:
+            self.groups[group] = spelling
+
+    def spelling(self, group):
+        return self.default if group is None else self.groups.get(group)
+
+
 def install(ctx):
     if not torch.distributed.is_available():
         return
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    backend = ctx.backend
-    report = ctx.report
+    backend, report = ctx.backend, ctx.report
+    spellings = None if ctx.settings.is_honest("get_backend") else NcclSpellings()
 
-    def backend_keyword(api, position):
-        def make(original):
-            def function(*args, **kwargs):
-                if len(args) > position:
-                    new = translate_backend(args[position], backend)
-                    if report is not None and new != args[position]:
-                        report.count(api, new)
-                    args = args[:position] + (new,) + args[position + 1:]
-                else:
-                    given = kwargs.get("backend")
-                    new = translate_backend(given, backend)
-                    if report is not None and new != given:
-                        report.count(api, new)
-                    kwargs["backend"] = new
-                return original(*args, **kwargs)
-            return functools.wraps(original)(function)
-        return make
+    def translated(api, spec):
+        new = translate_backend(spec, backend)
+        if report is not None and new != spec:
+            report.count(api, new)
+        return new
 
     translate_device = ctx.translate_for("init_process_group(device_id)")
 
     def make_init_process_group(original):
-        translated = backend_keyword("init_process_group", 0)(original)
-
         def init_process_group(*args, **kwargs):
+            requested = args[0] if args else kwargs.get("backend")
+            if args:
+                args = (translated("init_process_group", requested),) + args[1:]
+            else:
+                kwargs["backend"] = translated("init_process_group", requested)
             device_id = kwargs.get("device_id")
             if device_id is not None:
                 target = translate_device(device_id)
                 # gloo binds no device; the CPU backend drops it, others pass the real device
                 kwargs["device_id"] = None if target.__class__ is torch.device and \
                     target.type == "cpu" else target
-            return translated(*args, **kwargs)
+            result = original(*args, **kwargs)
+            if spellings is not None:
+                spellings.remember_default(requested)
+            return result
         return functools.wraps(original)(init_process_group)
 
+    def make_new_group(original):
+        def new_group(*args, **kwargs):
+            if len(args) > 2:
+                requested = args[2]
+                args = args[:2] + (translated("new_group", requested),) + args[3:]
+            else:
+                requested = kwargs.get("backend")
+                kwargs["backend"] = translated("new_group", requested)
+            group = original(*args, **kwargs)
+            if spellings is not None:
+                spellings.remember_group(group, requested)
+            return group
+        return functools.wraps(original)(new_group)
+
     ctx.replace(dist, "init_process_group", make_init_process_group)
-    ctx.replace(dist, "new_group", backend_keyword("new_group", 2))
-    if not ctx.settings.is_honest("get_backend"):
-        _answer_nccl_for_nccl_groups(ctx, dist)
+    ctx.replace(dist, "new_group", make_new_group)
     ctx.replace(dist, "is_nccl_available", lambda original: functools.wraps(original)(
         lambda: dist.is_backend_available(backend.collective)))
+
+    if spellings is not None:
+        def make_get_backend(original):
+            def get_backend(group=None):
+                real = original(group)
+                if asked_by_torch():       # torch chooses devices by the real library
+                    return real
+                spelling = spellings.spelling(group)
+                if spelling is None:
+                    return real
+                if report is not None:
+                    report.count("get_backend", f"{spelling} (really {real})")
+                return spelling
+            return functools.wraps(original)(get_backend)
+
+        ctx.replace(dist, "get_backend", make_get_backend)
 
     def make_barrier(original):
         def barrier(group=None, async_op=False, device_ids=None):
@@ -175,45 +217,3 @@ def _nccl_spelling(spec):
         return None                  # no backend asked for: torch's choice, reported as is
     text = str(spec).lower()
     return text if "nccl" in [part.rpartition(":")[2] for part in text.split(",")] else None
-
-
-def _answer_nccl_for_nccl_groups(ctx, dist):
-    """``get_backend()`` says "nccl" to the program for the groups it asked NCCL for;
-    torch's own modules hear the real library (they choose devices by it)."""
-    asked = weakref.WeakKeyDictionary()       # group -> how the program spelled NCCL
-    default = {}
-
-    def remember_default(original):
-        def init_process_group(*args, **kwargs):
-            spelling = _nccl_spelling(args[0] if args else kwargs.get("backend"))
-            result = original(*args, **kwargs)
-            default["spelling"] = spelling
-            return result
-        return functools.wraps(original)(init_process_group)
-
-    def remember_group(original):
-        def new_group(*args, **kwargs):
-            spec = args[2] if len(args) > 2 else kwargs.get("backend")
-            group = original(*args, **kwargs)
-            spelling = _nccl_spelling(spec) if spec is not None else default.get("spelling")
-            if spelling is not None and group is not None:
-                asked[group] = spelling
-            return group
-        return functools.wraps(original)(new_group)
-
-    def make_get_backend(original):
-        def get_backend(group=None):
-            real = original(group)
-            if asked_by_torch():
-                return real
-            spelling = default.get("spelling") if group is None else asked.get(group)
-            if spelling is None:
-                return real
-            if ctx.report is not None:
-                ctx.report.count("get_backend", f"{spelling} (really {real})")
-            return spelling
-        return functools.wraps(original)(get_backend)
-
-    ctx.replace(dist, "init_process_group", remember_default)
-    ctx.replace(dist, "new_group", remember_group)
-    ctx.replace(dist, "get_backend", make_get_backend)
