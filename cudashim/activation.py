@@ -33,7 +33,11 @@ def activate(backend: str = None, **settings):
             return _state.ACTIVE.backend
         _state.ACTIVE.settings = chosen
         if _torch_imported():
-            return _install(chosen)
+            try:
+                return _install(chosen)
+            except BaseException:
+                _state.ACTIVE.settings = _state.ACTIVE.backend = None    # nothing is active
+                raise
         _state.ACTIVE.armed = True
         wrapt.register_post_import_hook(_on_torch_imported, "torch")
         return None

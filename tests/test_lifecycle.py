@@ -1,6 +1,8 @@
 import sys
 import threading
 
+import pytest
+
 from conftest import python
 
 
@@ -112,3 +114,17 @@ def test_activated_context_manager_scopes_the_shim():
         assert backend.name == "cpu" and torch.cuda.is_available()
     assert not cudashim.is_active()
     assert not torch.cuda.is_available()
+
+
+def test_a_failed_activation_leaves_nothing_active():
+    import torch
+    import cudashim
+    from cudashim import _state
+    from cudashim.errors import BackendUnavailableError
+
+    with pytest.raises(BackendUnavailableError, match="no working CUDA device"):
+        cudashim.activate("cuda")
+    assert not cudashim.is_active() and len(_state.REGISTRY) == 0
+    assert torch.Tensor.to is torch._C.TensorBase.to
+    assert cudashim.activate("cpu").name == "cpu"
+    cudashim.deactivate()
