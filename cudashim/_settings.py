@@ -15,6 +15,8 @@ ENV_BACKEND = "CUDASHIM_BACKEND"
 """Backend name (``cpu``, ``cuda``, ...) or ``auto`` to detect."""
 ENV_DEVICE_COUNT = "CUDASHIM_DEVICE_COUNT"
 """How many virtual CUDA devices the CPU backend exposes (default 1)."""
+ENV_COLLECTIVE = "CUDASHIM_COLLECTIVE"
+"""The torch.distributed backend NCCL becomes (default: the backend's own choice)."""
 ENV_REPORT = "CUDASHIM_REPORT"
 """``1`` prints, at exit, which CUDA APIs the program used and what each became."""
 ENV_REPORT_JSON = "CUDASHIM_REPORT_JSON"
@@ -40,6 +42,7 @@ UNSUPPORTED_POLICIES = ("raise", "warn")
 class Settings:
     backend: str = BACKEND_AUTO
     device_count: Optional[int] = None
+    collective: Optional[str] = None
     report: bool = False
     report_json: Optional[str] = None
     honest: frozenset = frozenset()
@@ -48,12 +51,18 @@ class Settings:
     def is_honest(self, question: str) -> bool:
         return question in self.honest
 
+    def as_kwargs(self) -> dict:
+        """These settings as the keyword arguments of ``load()`` / ``activate()``."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
     def to_environ(self) -> dict:
         """The environment that makes a child interpreter load these same settings."""
         env = {ENV_BACKEND: self.backend, ENV_UNSUPPORTED: self.unsupported,
                ENV_REPORT: "1" if self.report else "0"}
         if self.device_count is not None:
             env[ENV_DEVICE_COUNT] = str(self.device_count)
+        if self.collective:
+            env[ENV_COLLECTIVE] = self.collective
         if self.report_json:
             env[ENV_REPORT_JSON] = self.report_json
         if self.honest:
@@ -85,6 +94,7 @@ def load(environ: Optional[Mapping[str, str]] = None, **overrides) -> Settings:
     return Settings(
         backend=pick("backend", ENV_BACKEND, _parse_backend),
         device_count=pick("device_count", ENV_DEVICE_COUNT, _parse_count),
+        collective=pick("collective", ENV_COLLECTIVE, _parse_collective),
         report=pick("report", ENV_REPORT, _parse_bool),
         report_json=pick("report_json", ENV_REPORT_JSON, lambda v, _: str(v)),
         honest=pick("honest", ENV_HONEST, _parse_honest),
@@ -100,6 +110,13 @@ def _parse_backend(value, where):
     name = str(value).strip().lower()
     if not name:
         raise ValueError(f"{where}: empty backend name")
+    return name
+
+
+def _parse_collective(value, where):
+    name = str(value).strip().lower()
+    if not name or name == "nccl":
+        raise ValueError(f"{where}{value!r}: name the library NCCL becomes (gloo, hccl, xccl, ...)")
     return name
 
 

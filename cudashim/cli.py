@@ -14,7 +14,7 @@ from typing import List, Optional
 
 from . import __version__, _settings, backends
 
-_VALUE_OPTIONS = {"--backend", "--device-count", "--report-json", "--honest", "--unsupported"}
+_VALUE_OPTIONS = {"--backend", "--device-count", "--collective", "--report-json", "--honest", "--unsupported"}
 
 
 def _add_setting_options(parser: argparse.ArgumentParser) -> None:
@@ -23,6 +23,9 @@ def _add_setting_options(parser: argparse.ArgumentParser) -> None:
                              f"[{_settings.ENV_BACKEND}]")
     parser.add_argument("--device-count", type=int, metavar="N",
                         help=f"virtual CUDA devices on the CPU backend [{_settings.ENV_DEVICE_COUNT}]")
+    parser.add_argument("--collective", metavar="LIBRARY",
+                        help=f"the torch.distributed backend NCCL becomes (default: the "
+                             f"backend's own) [{_settings.ENV_COLLECTIVE}]")
     parser.add_argument("--report", action="store_true", default=None,
                         help=f"print at exit which CUDA APIs ran and what each became [{_settings.ENV_REPORT}]")
     parser.add_argument("--report-json", metavar="PATH",
@@ -90,9 +93,8 @@ def run_main(argv: Optional[List[str]] = None, prog: str = "python -m cudashim")
 
 def _load_settings(parser, ns):
     try:
-        settings = _settings.load(backend=ns.backend, device_count=ns.device_count,
-                                  report=ns.report, report_json=ns.report_json,
-                                  honest=ns.honest, unsupported=ns.unsupported)
+        fields = _settings.Settings().as_kwargs()
+        settings = _settings.load(**{name: getattr(ns, name) for name in fields})
         backends.check_name(settings.backend)
     except ValueError as exc:
         parser.error(str(exc))
@@ -105,8 +107,7 @@ def _activate(settings) -> None:
     from . import activation
     from .errors import BackendUnavailableError
     try:
-        activation.activate(**{f: getattr(settings, f) for f in (
-            "backend", "device_count", "report", "report_json", "honest", "unsupported")})
+        activation.activate(**settings.as_kwargs())
     except BackendUnavailableError as exc:
         sys.stderr.write(f"cudashim: error: {exc}\n")
         raise SystemExit(2) from None

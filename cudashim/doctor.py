@@ -7,23 +7,19 @@ CUDA-style program runs.
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import platform
 import sys
 import traceback
 
 from . import __version__, backends
+from .backends.base import module_found
+from .errors import BackendUnavailableError
 
 VENDOR_PACKAGES = ("intel_extension_for_pytorch", "oneccl_bindings_for_pytorch", "torch_npu",
                    "habana_frameworks.torch", "cupy")
 
 
-def _found(package: str) -> bool:
-    try:
-        return importlib.util.find_spec(package) is not None
-    except (ImportError, ValueError):           # a dotted name whose parent is missing
-        return False
 
 
 def self_check() -> None:
@@ -64,15 +60,17 @@ def doctor(settings) -> int:
         out(f"  {name:6s} {state}\n")
     out("vendor packages:\n")
     for package in VENDOR_PACKAGES:
-        out(f"  {package:30s} {'found' if _found(package) else 'not installed'}\n")
+        out(f"  {package:30s} {'found' if module_found(package) else 'not installed'}\n")
 
     try:
         with activation.activated(**_as_kwargs(settings)) as backend:
             reason = activation._state.ACTIVE.reason
             out(f"chosen backend: {backend.describe()}, {reason}\n")
             out(f"devices: {backend.device_count()} ({backend.get_device_name(None)})\n")
-            collective = backend.process_group_backend()
-            out(f"collectives: NCCL becomes '{collective}'\n")
+            try:
+                out(f"collectives: NCCL becomes '{backend.process_group_backend()}'\n")
+            except BackendUnavailableError as exc:
+                out(f"collectives: none ({exc})\n")
             out("policies: " + ", ".join(
                 f"{q}={'honest' if settings.is_honest(q) else 'compatible'}"
                 for q in ("is_available", "is_cuda")) +
@@ -90,5 +88,4 @@ def doctor(settings) -> int:
 
 
 def _as_kwargs(settings) -> dict:
-    return {"backend": settings.backend, "device_count": settings.device_count,
-            "honest": settings.honest, "unsupported": settings.unsupported}
+    return {**settings.as_kwargs(), "report": False, "report_json": None}   # doctor writes no report

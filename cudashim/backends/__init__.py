@@ -17,12 +17,18 @@ log = logging.getLogger(__name__)
 # name -> "module:Class", imported only when chosen, so no backend's vendor package is
 # imported unless that backend is used.
 BACKENDS: Dict[str, str] = {
-    "cpu": "cpu:CPUBackend",
     "cuda": "cuda:CUDABackend",
+    "xpu": "xpu:XPUBackend",
+    "npu": "npu:NPUBackend",
+    "hpu": "hpu:HPUBackend",
+    "mps": "mps:MPSBackend",
+    "accelerator": "accelerator:AcceleratorBackend",
+    "cpu": "cpu:CPUBackend",
 }
 
-# Explicit setting first (handled by resolve), then real CUDA (pass-through), ..., CPU.
-DETECTION_ORDER: Tuple[str, ...] = ("cuda", "cpu")
+# Explicit setting first (handled by resolve), then real CUDA (pass-through), XPU, NPU,
+# HPU, MPS, any other accelerator torch.accelerator reports, and the CPU last.
+DETECTION_ORDER: Tuple[str, ...] = ("cuda", "xpu", "npu", "hpu", "mps", "accelerator", "cpu")
 
 
 def names() -> Tuple[str, ...]:
@@ -55,7 +61,10 @@ def resolve(name: str) -> Tuple[Type, str]:
         return cls, "named explicitly"
     for candidate in DETECTION_ORDER:
         cls = backend_class(candidate)
-        reason = cls.absent_reason()
+        try:
+            reason = cls.absent_reason()
+        except Exception as exc:                      # a broken vendor install: try the next
+            reason = f"{type(exc).__name__}: {exc}"
         if reason is None:
             return cls, f"detected ('{candidate}' is the first present in the order " \
                         f"{', '.join(DETECTION_ORDER)})"

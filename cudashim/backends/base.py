@@ -8,20 +8,25 @@ module lacks. Methods take ``device`` as a CUDA-style index (``None`` = current 
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 from typing import ClassVar, Optional, Tuple
 
 import torch
+
+from ..errors import BackendUnavailableError
 
 
 class Backend:
     # --- identity ---------------------------------------------------------------------
     name: ClassVar[str]                       # what users pass to --backend
     device_type: ClassVar[str]                # the torch device type tensors live on
-    collective: ClassVar[str] = "gloo"        # torch.distributed backend replacing NCCL
+    default_collective: ClassVar[str] = "gloo"  # torch.distributed backend replacing NCCL
     visible_devices_var: ClassVar[Optional[str]] = None   # vendor's CUDA_VISIBLE_DEVICES
     vendor_package: ClassVar[Optional[str]] = None        # import name, when one is needed
     install_hint: ClassVar[str] = ""
+    # How to tell a user whose machine lacks the device; the backend fills in the details.
+    device_hint: ClassVar[str] = ""
     redirects: ClassVar[bool] = True          # False only for CUDA pass-through
     profiler_activity: ClassVar[Optional[str]] = None     # ProfilerActivity replacing CUDA
 
@@ -31,13 +36,34 @@ class Backend:
     # --- presence (class-level: asked before a backend is built) ----------------------
     @classmethod
     def vendor_package_found(cls) -> bool:
-        return cls.vendor_package is None or importlib.util.find_spec(cls.vendor_package) is not None
+        return cls.vendor_package is None or module_found(cls.vendor_package)
 
     @classmethod
     def absent_reason(cls) -> Optional[str]:
-        """None when the backend can run here, else what is missing and how to install it."""
+        """None when the backend can run here, else what is missing and how to install it.
+
+        The vendor package is imported here, and only here: whether the device is present
+        is something only it can say, and a backend that is not asked imports nothing.
+        """
         if not cls.vendor_package_found():
             return f"the vendor package '{cls.vendor_package}' is not installed ({cls.install_hint})"
+        if cls.vendor_package is not None:
+            try:
+                importlib.import_module(cls.vendor_package)
+            except Exception as exc:                  # a broken vendor install
+                return (f"the vendor package '{cls.vendor_package}' failed to import "
+                        f"({type(exc).__name__}: {exc}); {cls.install_hint}")
+        return cls.device_absent_reason()
+
+    @classmethod
+    def device_absent_reason(cls) -> Optional[str]:
+        """None when the device module reports a device, else why not."""
+        device_module = getattr(torch, cls.device_type, None)
+        if device_module is None:
+            return f"torch has no 'torch.{cls.device_type}' module ({cls.device_hint})"
+        if not device_module.is_available():
+            return f"no {cls.device_type.upper()} device: torch.{cls.device_type}.is_available() " \
+                   f"is False ({cls.device_hint})"
         return None
 
     @property
@@ -162,9 +188,34 @@ class Backend:
         return True
 
     # --- communication ----------------------------------------------------------------
+    @property
+    def collective(self) -> str:
+        """The collective library: the setting when given, else the backend's choice."""
+        chosen = getattr(self, "_collective", None)
+        if chosen is None:
+            chosen = self._collective = self.settings.collective or self.choose_collective()
+        return chosen
+
+    def choose_collective(self) -> str:
+        return self.default_collective
+
     def process_group_backend(self) -> str:
         """What ``init_process_group()`` with NCCL, or with no backend, becomes."""
         return f"cpu:gloo,{self.device_type}:{self.collective}"
 
     def describe(self) -> str:
         return f"{self.name} (device type '{self.device_type}', collectives '{self.collective}')"
+
+
+def module_found(name: str) -> bool:
+    """Whether ``name`` (dotted or not) can be imported, without importing it."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):           # a dotted name whose parent is missing
+        return False
+
+
+def no_collective(backend: str, missing: str) -> BackendUnavailableError:
+    return BackendUnavailableError(
+        f"cudashim backend '{backend}' has no collective library for NCCL to become: {missing}; "
+        f"or name one with --collective / CUDASHIM_COLLECTIVE")

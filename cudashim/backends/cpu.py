@@ -124,8 +124,6 @@ def visible_device_count(value: str) -> int:
 class CPUBackend(Backend):
     name = "cpu"
     device_type = "cpu"
-    collective = "gloo"
-
     def __init__(self, settings):
         super().__init__(settings)
         self._count = self._resolve_count(settings)
@@ -285,7 +283,7 @@ class CPUBackend(Backend):
         return False                           # pinned host memory needs an accelerator
 
     def process_group_backend(self) -> str:
-        return "gloo"
+        return self.collective
 
 
 def _proc_status(field: str) -> int:

@@ -10,7 +10,7 @@ from .base import Backend
 class CUDABackend(Backend):
     name = "cuda"
     device_type = "cuda"
-    collective = "nccl"
+    default_collective = "nccl"
     visible_devices_var = None
     redirects = False
 

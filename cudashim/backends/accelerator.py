@@ -1,0 +1,185 @@
+"""Any accelerator registered with ``torch.accelerator`` that has no backend of its own.
+
+Cambricon MLU, Moore Threads MUSA, Biren SUPA, ...: the vendor's torch extension renames
+PrivateUse1 and registers ``torch.<type>``; torch loads such extensions itself when they
+declare a ``torch.backends`` entry point. This backend reads only ``torch.accelerator``
+and ``torch.get_device_module()``, so a new vendor needs no cudashim code. Where the
+device module has a function it is used; otherwise the device-generic ``torch.accelerator``
+one is. The collective library is the one the vendor registered for its device type with
+``torch.distributed.Backend.register_backend``, or the ``collective`` setting.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Optional, Tuple
+
+import torch
+
+from .base import Backend, no_collective
+from .cpu import DeviceProperties
+
+# Device types with a backend of their own: the generic one leaves them to it.
+OWN_BACKENDS = ("cuda", "xpu", "npu", "hpu", "mps", "cpu")
+
+
+def accelerator_type() -> Optional[str]:
+    accelerator = torch.accelerator.current_accelerator()
+    return None if accelerator is None else accelerator.type
+
+
+class AcceleratorBackend(Backend):
+    name = "accelerator"
+    device_type = "privateuseone"              # replaced by the real type when built
+    profiler_activity = "PrivateUse1"
+    device_hint = ("install and import the vendor's torch extension; extensions with a "
+                   "'torch.backends' entry point load with torch")
+
+    @classmethod
+    def absent_reason(cls) -> Optional[str]:
+        found = accelerator_type()
+        if found is None:
+            return f"torch.accelerator reports no accelerator ({cls.device_hint})"
+        if found in OWN_BACKENDS:
+            return f"the accelerator here is '{found}', which has its own backend"
+        return None
+
+    def __init__(self, settings):
+        super().__init__(settings)
+        self.device_type = accelerator_type()
+
+    def _vendor(self, name):
+        """The device module's ``name``, or None when the vendor does not provide it."""
+        return getattr(self.module, name, None)
+
+    def describe(self) -> str:
+        return f"{self.name} '{self.device_type}' " + super().describe().split(" ", 1)[1]
+
+    # --- devices ----------------------------------------------------------------------
+    def device_count(self) -> int:
+        return torch.accelerator.device_count()
+
+    def current_device(self) -> int:
+        return torch.accelerator.current_device_index()
+
+    def set_device(self, index: int) -> None:
+        torch.accelerator.set_device_index(index)
+
+    def synchronize(self, index: Optional[int] = None) -> None:
+        torch.accelerator.synchronize(index)
+
+    def get_device_name(self, index: Optional[int] = None) -> str:
+        own = self._vendor("get_device_name")
+        return own(index) if own else f"{self.device_type}:{self.current_device() if index is None else index}"
+
+    def get_device_properties(self, index: Optional[int] = None):
+        own = self._vendor("get_device_properties")
+        if own:
+            return own(index)
+        major, minor = self.get_device_capability(index)
+        return DeviceProperties(name=self.get_device_name(index), total_memory=self.mem_get_info(index)[1],
+                                major=major, minor=minor, multi_processor_count=1)
+
+    def is_bf16_supported(self, including_emulation: bool = True) -> bool:
+        own = self._vendor("is_bf16_supported")
+        return bool(own()) if own else torch.bfloat16 in self.autocast_dtypes()
+
+    # --- RNG: the device module's, else the host generator ----------------------------
+    def _rng(self, name, host):
+        return self._vendor(name) or host
+
+    def manual_seed(self, seed: int) -> None:
+        self._rng("manual_seed", torch.default_generator.manual_seed)(int(seed))
+
+    def manual_seed_all(self, seed: int) -> None:
+        self._rng("manual_seed_all", torch.default_generator.manual_seed)(int(seed))
+
+    def seed(self) -> None:
+        self._rng("seed", torch.default_generator.seed)()
+
+    def seed_all(self) -> None:
+        self._rng("seed_all", torch.default_generator.seed)()
+
+    def initial_seed(self) -> int:
+        return self._rng("initial_seed", torch.default_generator.initial_seed)()
+
+    def get_rng_state(self, index: Optional[int] = None) -> "torch.Tensor":
+        own = self._vendor("get_rng_state")
+        return own(self.target_device(index)) if own else torch.default_generator.get_state()
+
+    def set_rng_state(self, state, index: Optional[int] = None) -> None:
+        own = self._vendor("set_rng_state")
+        if own:
+            own(state, self.target_device(index))
+        else:
+            torch.default_generator.set_state(state)
+
+    def default_generator(self, index: int) -> "torch.Generator":
+        generators = self._vendor("default_generators")
+        return generators[index] if generators else torch.default_generator
+
+    # --- streams and events: torch's device-generic classes ---------------------------
+    @property
+    def Stream(self):
+        return self._vendor("Stream") or torch.Stream
+
+    @property
+    def Event(self):
+        return self._vendor("Event") or torch.Event
+
+    def current_stream(self, index: Optional[int] = None):
+        return torch.accelerator.current_stream(index)
+
+    def default_stream(self, index: Optional[int] = None):
+        own = self._vendor("default_stream")
+        return own(index) if own else self.current_stream(index)
+
+    def set_stream(self, stream) -> None:
+        torch.accelerator.set_stream(stream)
+
+    @contextlib.contextmanager
+    def stream(self, stream):
+        previous = self.current_stream()
+        self.set_stream(stream)
+        try:
+            yield stream
+        finally:
+            self.set_stream(previous)
+
+    # --- memory: torch.accelerator's allocator statistics ------------------------------
+    def memory_allocated(self, index: Optional[int] = None) -> int:
+        return torch.accelerator.memory_allocated(index)
+
+    def max_memory_allocated(self, index: Optional[int] = None) -> int:
+        return torch.accelerator.max_memory_allocated(index)
+
+    def memory_reserved(self, index: Optional[int] = None) -> int:
+        return torch.accelerator.memory_reserved(index)
+
+    def max_memory_reserved(self, index: Optional[int] = None) -> int:
+        return torch.accelerator.max_memory_reserved(index)
+
+    def reset_peak_memory_stats(self, index: Optional[int] = None) -> None:
+        torch.accelerator.reset_peak_memory_stats(index)
+
+    def memory_stats(self, index: Optional[int] = None) -> dict:
+        return dict(torch.accelerator.memory_stats(index))
+
+    def mem_get_info(self, index: Optional[int] = None) -> Tuple[int, int]:
+        return tuple(torch.accelerator.get_memory_info(index))
+
+    def empty_cache(self) -> None:
+        torch.accelerator.empty_cache()
+
+    # --- dtypes and communication -----------------------------------------------------
+    def autocast_dtypes(self):
+        own = self._vendor("get_amp_supported_dtype")
+        return tuple(own()) if own else (torch.bfloat16, torch.float16)
+
+    def choose_collective(self) -> str:
+        import torch.distributed as dist
+        registered = dist.Backend.default_device_backend_map.get(self.device_type)
+        if registered is None:
+            raise no_collective(self.name, f"no torch.distributed backend is registered for "
+                                           f"'{self.device_type}'")
+        return registered
