@@ -89,7 +89,9 @@ class PatchRegistry:
 
 def _revert(patch: Patch) -> bool:
     if patch.is_item:
-        if patch.owner.get(patch.name, _ABSENT) is not patch.replacement:
+        current = patch.owner.get(patch.name, _ABSENT)
+        # os.environ decodes a new str on every read: strings are compared by value.
+        if current is not patch.replacement and not (isinstance(current, str) and current == patch.replacement):
             return False
         if patch.owned:
             patch.owner[patch.name] = patch.original

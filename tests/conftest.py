@@ -37,3 +37,21 @@ def python(*args, env=None, cwd=None, timeout=300, input=None):
     full_env.update(env or {})
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=full_env,
                           cwd=cwd or ROOT, timeout=timeout, input=input)
+
+
+FAKES = ROOT / "tests" / "fakes"
+# The fake vendor packages each backend imports; "musa" is a vendor cudashim does not know.
+FAKE_VENDORS = ("npu", "hpu", "xpu", "musa")
+
+
+def fake_vendor_path(vendor: str) -> str:
+    """PYTHONPATH that makes a fresh interpreter see one fake vendor package."""
+    assert vendor in FAKE_VENDORS, vendor
+    return os.pathsep.join([str(FAKES), str(FAKES / "vendors" / vendor)])
+
+
+def use_fake_vendor(vendor: str) -> None:
+    """Make this forked test process see one fake vendor package (never the parent)."""
+    assert os.getpid() != PARENT_PID, "fakes are installed in forked test processes only"
+    for path in reversed(fake_vendor_path(vendor).split(os.pathsep)):
+        sys.path.insert(0, path)

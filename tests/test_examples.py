@@ -8,8 +8,8 @@ from conftest import python
 
 
 @pytest.mark.parametrize("example, port, args", [
-    ("examples/gpt.py", "tests/ported/gpt_cpu.py", ["--steps", "25"]),
-    ("examples/cnn.py", "tests/ported/cnn_cpu.py", ["--epochs", "2"]),
+    ("examples/gpt.py", "tests/ported/gpt_ported.py", ["--steps", "25"]),
+    ("examples/cnn.py", "tests/ported/cnn_ported.py", ["--epochs", "2"]),
 ])
 def test_shimmed_losses_equal_the_hand_port(tmp_path, example, port, args):
     extra = ["--checkpoint", str(tmp_path / "ckpt.pt")] if "gpt" in example else []

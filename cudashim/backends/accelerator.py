@@ -17,7 +17,11 @@ from typing import Optional, Tuple
 import torch
 
 from .base import Backend, no_collective
-from .cpu import DeviceProperties
+from .host import DeviceProperties
+
+# torch.accelerator's names where they differ from torch.cuda's.
+ACCELERATOR_NAMES = {"current_device": "current_device_index", "set_device": "set_device_index",
+                     "mem_get_info": "get_memory_info"}
 
 # Device types with a backend of their own: the generic one leaves them to it.
 OWN_BACKENDS = ("cuda", "xpu", "npu", "hpu", "mps", "cpu")
@@ -55,18 +59,25 @@ class AcceleratorBackend(Backend):
     def describe(self) -> str:
         return f"{self.name} '{self.device_type}' " + super().describe().split(" ", 1)[1]
 
+    def _either(self, name, *args):
+        """The device module's ``name`` when it has one, else torch.accelerator's twin."""
+        own = self._vendor(name)
+        if own is None:
+            own = getattr(torch.accelerator, ACCELERATOR_NAMES.get(name, name))
+        return own(*args)
+
     # --- devices ----------------------------------------------------------------------
     def device_count(self) -> int:
-        return torch.accelerator.device_count()
+        return self._either("device_count")
 
     def current_device(self) -> int:
-        return torch.accelerator.current_device_index()
+        return self._either("current_device")
 
     def set_device(self, index: int) -> None:
-        torch.accelerator.set_device_index(index)
+        self._either("set_device", index)
 
     def synchronize(self, index: Optional[int] = None) -> None:
-        torch.accelerator.synchronize(index)
+        self._either("synchronize", index)
 
     def get_device_name(self, index: Optional[int] = None) -> str:
         own = self._vendor("get_device_name")
@@ -128,14 +139,14 @@ class AcceleratorBackend(Backend):
         return self._vendor("Event") or torch.Event
 
     def current_stream(self, index: Optional[int] = None):
-        return torch.accelerator.current_stream(index)
+        return self._either("current_stream", index)
 
     def default_stream(self, index: Optional[int] = None):
         own = self._vendor("default_stream")
         return own(index) if own else self.current_stream(index)
 
     def set_stream(self, stream) -> None:
-        torch.accelerator.set_stream(stream)
+        self._either("set_stream", stream)
 
     @contextlib.contextmanager
     def stream(self, stream):
@@ -146,30 +157,30 @@ class AcceleratorBackend(Backend):
         finally:
             self.set_stream(previous)
 
-    # --- memory: torch.accelerator's allocator statistics ------------------------------
+    # --- memory: the device module's statistics, else torch.accelerator's -------------
     def memory_allocated(self, index: Optional[int] = None) -> int:
-        return torch.accelerator.memory_allocated(index)
+        return self._either("memory_allocated", index)
 
     def max_memory_allocated(self, index: Optional[int] = None) -> int:
-        return torch.accelerator.max_memory_allocated(index)
+        return self._either("max_memory_allocated", index)
 
     def memory_reserved(self, index: Optional[int] = None) -> int:
-        return torch.accelerator.memory_reserved(index)
+        return self._either("memory_reserved", index)
 
     def max_memory_reserved(self, index: Optional[int] = None) -> int:
-        return torch.accelerator.max_memory_reserved(index)
+        return self._either("max_memory_reserved", index)
 
     def reset_peak_memory_stats(self, index: Optional[int] = None) -> None:
-        torch.accelerator.reset_peak_memory_stats(index)
+        self._either("reset_peak_memory_stats", index)
 
     def memory_stats(self, index: Optional[int] = None) -> dict:
-        return dict(torch.accelerator.memory_stats(index))
+        return dict(self._either("memory_stats", index))
 
     def mem_get_info(self, index: Optional[int] = None) -> Tuple[int, int]:
-        return tuple(torch.accelerator.get_memory_info(index))
+        return tuple(self._either("mem_get_info", index))
 
     def empty_cache(self) -> None:
-        torch.accelerator.empty_cache()
+        self._either("empty_cache")
 
     # --- dtypes and communication -----------------------------------------------------
     def autocast_dtypes(self):

@@ -9,105 +9,17 @@ resident memory read from /proc (see ``memory_stats``).
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import os
 import platform
 import resource
 import threading
-import time
 from typing import Optional, Tuple
 
 import torch
 
 from .._settings import ENV_DEVICE_COUNT
 from .base import Backend
-
-
-@dataclasses.dataclass(frozen=True)
-class DeviceProperties:
-    """The fields programs read from ``torch.cuda.get_device_properties()``."""
-    name: str
-    total_memory: int
-    major: int
-    minor: int
-    multi_processor_count: int
-    is_integrated: bool = True
-    is_multi_gpu_board: bool = False
-    L2_cache_size: int = 0
-    warp_size: int = 1
-    uuid: str = ""
-
-    def __repr__(self):
-        return (f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
-                f"total_memory={self.total_memory // 2**20}MB, "
-                f"multi_processor_count={self.multi_processor_count})")
-
-
-class HostEvent:
-    """A CUDA-style event timed on the host clock."""
-
-    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
-        self.enable_timing = enable_timing
-        self._recorded_ns: Optional[int] = None
-
-    def record(self, stream=None) -> None:
-        self._recorded_ns = time.perf_counter_ns()
-
-    def query(self) -> bool:
-        return True
-
-    def synchronize(self) -> None:
-        pass
-
-    def wait(self, stream=None) -> None:
-        pass
-
-    def elapsed_time(self, end_event: "HostEvent") -> float:
-        """Milliseconds between this event and ``end_event``, as CUDA reports them."""
-        if not (self.enable_timing and end_event.enable_timing):
-            raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
-        if self._recorded_ns is None or end_event._recorded_ns is None:
-            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
-        return (end_event._recorded_ns - self._recorded_ns) / 1e6
-
-    def __repr__(self):
-        return f"<cudashim HostEvent recorded={self._recorded_ns is not None}>"
-
-
-class HostStream:
-    """A CUDA-style stream on the CPU: work runs in order, so every wait is already met."""
-
-    def __init__(self, device=None, priority: int = 0, **kwargs):
-        self.device = torch.device("cpu")
-        self.priority = priority
-        self.cuda_stream = 0
-
-    def query(self) -> bool:
-        return True
-
-    def synchronize(self) -> None:
-        pass
-
-    def wait_event(self, event) -> None:
-        pass
-
-    def wait_stream(self, stream) -> None:
-        pass
-
-    def record_event(self, event=None):
-        event = event if event is not None else HostEvent()
-        event.record(self)
-        return event
-
-    def __eq__(self, other):
-        return isinstance(other, HostStream)
-
-    def __hash__(self):
-        return 0
-
-    def __repr__(self):
-        return "<cudashim HostStream device=cpu>"
+from .host import DeviceProperties, HostStreams
 
 
 def visible_device_count(value: str) -> int:
@@ -121,14 +33,13 @@ def visible_device_count(value: str) -> int:
     return count
 
 
-class CPUBackend(Backend):
+class CPUBackend(HostStreams, Backend):
     name = "cpu"
     device_type = "cpu"
     def __init__(self, settings):
         super().__init__(settings)
         self._count = self._resolve_count(settings)
         self._local = threading.local()
-        self._default_stream = HostStream()
         self._host = torch.device("cpu")
 
     @staticmethod
@@ -205,31 +116,6 @@ class CPUBackend(Backend):
 
     def default_generator(self, index: int) -> "torch.Generator":
         return torch.default_generator
-
-    # --- streams and events -------------------------------------------------------------
-    Stream = HostStream
-    Event = HostEvent
-
-    def current_stream(self, index: Optional[int] = None):
-        return getattr(self._local, "stream", None) or self._default_stream
-
-    def default_stream(self, index: Optional[int] = None):
-        return self._default_stream
-
-    def set_stream(self, stream) -> None:
-        self._local.stream = stream
-
-    @contextlib.contextmanager
-    def stream(self, stream):
-        previous = getattr(self._local, "stream", None)
-        self._local.stream = stream
-        try:
-            yield stream
-        finally:
-            self._local.stream = previous
-
-    def record_stream(self, tensor, stream) -> None:
-        pass                                   # no allocator reuse across streams to guard
 
     # --- memory: the process's resident memory ------------------------------------------
     # The CPU allocator keeps no per-tensor statistics, so the figures are what the kernel

@@ -1,21 +1,25 @@
 """Apple GPUs through ``torch.mps``: one device, no streams of its own, gloo collectives.
 
 MPS keeps no peak-memory counter, so the peak figures are the current ones; it has one
-command queue, so streams are torch's device-generic ``torch.Stream`` on it.
+command queue, so streams are host-side handles on it (see ``host.py``).
 """
 
 from __future__ import annotations
 
-import contextlib
 from typing import Optional, Tuple
 
 import torch
 
 from .base import Backend
-from .cpu import DeviceProperties
+from .host import DeviceProperties, HostStream, HostStreams
 
 
-class MPSBackend(Backend):
+class MPSStream(HostStream):
+    """MPS's one command queue, as a CUDA-style stream."""
+    device_type = "mps"
+
+
+class MPSBackend(HostStreams, Backend):
     name = "mps"
     device_type = "mps"
     default_collective = "gloo"
@@ -77,32 +81,12 @@ class MPSBackend(Backend):
     def default_generator(self, index: int) -> "torch.Generator":
         return torch.mps._get_default_mps_generator()
 
-    # --- streams and events -----------------------------------------------------------
-    Stream = torch.Stream
+    # --- streams and events: one queue, and MPS's own events ---------------------------
+    Stream = MPSStream
 
     @property
     def Event(self):
         return self.module.Event
-
-    def current_stream(self, index: Optional[int] = None):
-        return torch.accelerator.current_stream()
-
-    default_stream = current_stream
-
-    def set_stream(self, stream) -> None:
-        torch.accelerator.set_stream(stream)
-
-    @contextlib.contextmanager
-    def stream(self, stream):
-        previous = self.current_stream()
-        self.set_stream(stream)
-        try:
-            yield stream
-        finally:
-            self.set_stream(previous)
-
-    def record_stream(self, tensor, stream) -> None:
-        pass                                   # one queue: nothing to guard across streams
 
     # --- memory -----------------------------------------------------------------------
     def memory_allocated(self, index: Optional[int] = None) -> int:

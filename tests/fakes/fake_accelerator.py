@@ -202,7 +202,7 @@ class Event:
 
 class Stream:
     def __init__(self, device=None, priority=0, **kwargs):
-        self.device = torch.device(_installed_name, 0)
+        self.device = torch.device(device if device is not None else _installed_name, 0)
         self.priority = priority
 
     def query(self):
@@ -224,19 +224,21 @@ class Stream:
 
 
 class _StreamContext:
-    def __init__(self, stream):
-        self.stream = stream
+    def __init__(self, device_module, stream):
+        self.module, self.stream = device_module, stream
 
     def __enter__(self):
-        self.previous = module.current_stream()
-        module.set_stream(self.stream)
+        self.previous = self.module.current_stream()
+        self.module.set_stream(self.stream)
         return self.stream
 
     def __exit__(self, *exc):
-        module.set_stream(self.previous)
+        self.module.set_stream(self.previous)
 
 
-def _build_module(name: str) -> types.ModuleType:
+def build_device_module(name: str) -> types.ModuleType:
+    """A device module mirroring the parts of torch.cuda vendors mirror; ``calls`` lists
+    the functions a caller reached."""
     mod = types.ModuleType(f"torch.{name}")
     state = {"device": 0, "stream": None}
     calls = []                                     # what the vendor module was asked
@@ -333,7 +335,7 @@ def _build_module(name: str) -> types.ModuleType:
     def default_stream(device=None):
         if default_streams:
             return default_streams[0]
-        default_streams.append(Stream())
+        default_streams.append(Stream(name))
         return default_streams[0]
 
     def current_stream(device=None):
@@ -343,7 +345,7 @@ def _build_module(name: str) -> types.ModuleType:
         state["stream"] = stream
 
     def stream(stream):
-        return _StreamContext(stream)
+        return _StreamContext(mod, stream)
 
     functions = [is_available, device_count, current_device, set_device, synchronize,
                  _is_in_bad_fork, manual_seed, seed, initial_seed, get_rng_state, set_rng_state,
@@ -391,7 +393,7 @@ def install(name: str = "npu") -> types.ModuleType:
             raise RuntimeError(f"a fake accelerator '{_installed_name}' is already installed")
         return module
     _installed_name = name
-    module = _build_module(name)
+    module = build_device_module(name)
     torch.utils.backend_registration._setup_privateuseone_for_python_backend(
         rename=name, backend_module=module, hook=_Hooks(), device_guard=_Guard())
     _register_kernels()
@@ -422,12 +424,13 @@ def _register_serialization(name):
     torch.serialization.register_package(1, tag, keep_on_host)
 
 
-def register_collective(name: str) -> None:
+def register_collective(name: str, device_type: str = None) -> None:
     """Register ``name`` as a torch.distributed backend for the fake device, run by gloo."""
     import torch.distributed as dist
+    device_type = device_type or _installed_name
 
     def create(store, rank, size, timeout):
         return dist.ProcessGroupGloo(store, rank, size, timeout)
 
     if name not in dist.Backend.backend_list:
-        dist.Backend.register_backend(name, create, devices=["cpu", _installed_name])
+        dist.Backend.register_backend(name, create, devices=["cpu", device_type])

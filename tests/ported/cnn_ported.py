@@ -1,4 +1,5 @@
-"""examples/cnn.py ported to the CPU by hand: the reference for the shimmed run."""
+"""examples/cnn.py ported by hand to the device named by --device (the CPU by default):
+the reference for the shimmed run."""
 
 import argparse
 import json
@@ -10,7 +11,12 @@ from torch.utils.data import DataLoader, TensorDataset
 parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=3)
 parser.add_argument("--losses", help="write the training losses here as JSON")
+parser.add_argument("--device", default="cpu")
+parser.add_argument("--vendor", help="the vendor extension to import first (torch_npu, ...)")
 args = parser.parse_args()
+if args.vendor:
+    __import__(args.vendor)
+device = args.device
 
 torch.manual_seed(0)
 
@@ -24,7 +30,7 @@ model = nn.Sequential(
     nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
     nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
     nn.Flatten(), nn.Linear(32, 3),
-)
+).to(device)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 criterion = nn.CrossEntropyLoss()
 
@@ -32,6 +38,7 @@ losses = []
 for epoch in range(args.epochs):
     correct = 0
     for x, y in loader:
+        x, y = x.to(device), y.to(device)
         optimizer.zero_grad()
         out = model(x)
         loss = criterion(out, y)

@@ -1,4 +1,5 @@
-"""examples/gpt.py ported to the CPU by hand, as a user would without cudashim.
+"""examples/gpt.py ported by hand, as a user would without cudashim, to the device named
+by --device (the CPU by default; --vendor names the extension that device needs imported).
 
 The reference the unmodified example must match, loss for loss, under cudashim.
 """
@@ -16,10 +17,15 @@ parser.add_argument("--steps", type=int, default=60)
 parser.add_argument("--batch-size", type=int, default=16)
 parser.add_argument("--checkpoint", default="runs/gpt/ckpt.pt")
 parser.add_argument("--losses", help="write the training losses here as JSON")
+parser.add_argument("--device", default="cpu")
+parser.add_argument("--vendor", help="the vendor extension to import first (torch_npu, ...)")
 args = parser.parse_args()
+if args.vendor:
+    __import__(args.vendor)
 
 torch.manual_seed(1337)
-device = "cpu"
+device = args.device
+device_type = torch.device(device).type
 
 # A corpus with structure worth learning: counting rhymes in a small alphabet.
 words = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
@@ -34,7 +40,7 @@ def get_batch():
     ix = torch.randint(len(data) - block_size - 1, (args.batch_size,))
     x = torch.stack([data[i:i + block_size] for i in ix])
     y = torch.stack([data[i + 1:i + block_size + 1] for i in ix])
-    return x, y
+    return x.to(device), y.to(device)
 
 
 class Block(nn.Module):
@@ -71,14 +77,14 @@ class GPT(nn.Module):
         return logits, loss
 
 
-model = GPT()
+model = GPT().to(device)
 optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-scaler = torch.amp.GradScaler("cpu")
+scaler = torch.amp.GradScaler(device_type)
 
 losses = []
 for step in range(args.steps):
     xb, yb = get_batch()
-    with torch.autocast(device_type="cpu", dtype=torch.float16):
+    with torch.autocast(device_type=device_type, dtype=torch.float16):
         _, loss = model(xb, yb)
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(loss).backward()
@@ -94,7 +100,7 @@ import os  # noqa: E402
 os.makedirs(os.path.dirname(args.checkpoint) or ".", exist_ok=True)
 torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": args.steps},
            args.checkpoint)
-state = torch.load(args.checkpoint, map_location="cpu")
+state = torch.load(args.checkpoint, map_location=device)
 restored = GPT().to(device)
 restored.load_state_dict(state["model"])
 with torch.no_grad():

@@ -1,0 +1,140 @@
+"""Streams, events and device properties for targets without CUDA-style ones.
+
+On the CPU work runs in order as it is issued, and MPS has one command queue, so a stream
+is an ordering promise already kept: waits are met, synchronizing is the device's own
+synchronize. Events are timed on the host clock (the work before a record has finished
+when the record runs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+import time
+from typing import Optional
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceProperties:
+    """The fields programs read from ``torch.cuda.get_device_properties()``."""
+    name: str
+    total_memory: int
+    major: int
+    minor: int
+    multi_processor_count: int
+    is_integrated: bool = True
+    is_multi_gpu_board: bool = False
+    L2_cache_size: int = 0
+    warp_size: int = 1
+    uuid: str = ""
+
+    def __repr__(self):
+        return (f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
+                f"total_memory={self.total_memory // 2**20}MB, "
+                f"multi_processor_count={self.multi_processor_count})")
+
+
+class HostEvent:
+    """A CUDA-style event timed on the host clock."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+        self.enable_timing = enable_timing
+        self._recorded_ns: Optional[int] = None
+
+    def record(self, stream=None) -> None:
+        self._recorded_ns = time.perf_counter_ns()
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait(self, stream=None) -> None:
+        pass
+
+    def elapsed_time(self, end_event: "HostEvent") -> float:
+        """Milliseconds between this event and ``end_event``, as CUDA reports them."""
+        if not (self.enable_timing and end_event.enable_timing):
+            raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
+        if self._recorded_ns is None or end_event._recorded_ns is None:
+            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+        return (end_event._recorded_ns - self._recorded_ns) / 1e6
+
+    def __repr__(self):
+        return f"<cudashim HostEvent recorded={self._recorded_ns is not None}>"
+
+
+class HostStream:
+    """A CUDA-style stream where work runs in order, so every wait is already met."""
+    device_type = "cpu"
+
+    def __init__(self, device=None, priority: int = 0, **kwargs):
+        self.device = torch.device(self.device_type)
+        self.priority = priority
+        self.cuda_stream = 0
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        torch.get_device_module(self.device_type).synchronize()
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def wait_stream(self, stream) -> None:
+        pass
+
+    def record_event(self, event=None):
+        event = event if event is not None else HostEvent()
+        event.record(self)
+        return event
+
+    def __eq__(self, other):
+        return isinstance(other, HostStream) and other.device == self.device
+
+    def __hash__(self):
+        return 0
+
+    def __repr__(self):
+        return f"<cudashim HostStream device={self.device_type}>"
+
+
+class HostStreams:
+    """The stream and event methods of a backend whose streams are ``HostStream``: one
+    default stream, and a current stream per thread."""
+    Stream = HostStream
+    Event = HostEvent
+
+    def __init__(self, settings):
+        super().__init__(settings)
+        self._stream_state = threading.local()
+        self._default_stream = None            # made on first use: MPS's needs the device
+
+    def current_stream(self, index: Optional[int] = None):
+        return getattr(self._stream_state, "stream", None) or self.default_stream(index)
+
+    def default_stream(self, index: Optional[int] = None):
+        if self._default_stream is None:
+            self._default_stream = self.Stream()
+        return self._default_stream
+
+    def set_stream(self, stream) -> None:
+        self._stream_state.stream = stream
+
+    @contextlib.contextmanager
+    def stream(self, stream):
+        state = self._stream_state
+        previous = getattr(state, "stream", None)
+        state.stream = stream
+        try:
+            yield stream
+        finally:
+            state.stream = previous
+
+    def record_stream(self, tensor, stream) -> None:
+        pass                                   # no allocator reuse across streams to guard

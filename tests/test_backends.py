@@ -1,0 +1,311 @@
+"""Every backend against its fake vendor: detection, the whole interface, the vendor's own
+code paths, visible devices, and what a missing or broken vendor package says.
+
+CUDA pass-through is left to test_passthrough.py (it changes nothing and patches nothing).
+"""
+
+import importlib
+import inspect
+import os
+import sys
+
+import pytest
+import torch
+
+from conftest import FAKES, python, use_fake_vendor
+
+from cudashim import backends
+from cudashim._settings import load
+from cudashim.backends.base import Backend
+from cudashim.errors import BackendUnavailableError
+
+TESTED = [name for name in backends.names() if name != "cuda"]
+DEVICE_TYPE = {"xpu": "xpu", "npu": "npu", "hpu": "hpu", "mps": "mps", "accelerator": "musa",
+               "cpu": "cpu"}
+VISIBLE = {"xpu": "ZE_AFFINITY_MASK", "npu": "ASCEND_RT_VISIBLE_DEVICES",
+           "hpu": "HABANA_VISIBLE_MODULES"}
+
+
+def install_fake(name):
+    """Give this forked process the fake device (and vendor package) for backend ``name``."""
+    if name in ("xpu", "npu", "hpu"):
+        use_fake_vendor(name)
+    elif name == "mps":
+        sys.path.insert(0, str(FAKES))
+        importlib.import_module("fake_mps").install()
+    elif name == "accelerator":
+        use_fake_vendor("musa")
+        importlib.import_module("torch_musa")._autoload()   # what torch's autoload would call
+
+
+def build(name, **settings):
+    """The backend as activation builds it: resolved (vendor imported), then constructed."""
+    cls, _ = backends.resolve(name)
+    return cls(load(**settings))
+
+
+def interface_methods():
+    """The public methods and properties of the backend interface."""
+    return sorted(name for name, value in vars(Backend).items()
+                  if not name.startswith("_") and (inspect.isfunction(value) or isinstance(value, property)))
+
+
+class RecordingTensor:
+    def record_stream(self, stream):
+        self.stream = stream
+
+
+def check_contract(backend, device_type):
+    """Call every method of the interface and check what each answers."""
+    answered = set()
+
+    def answer(name, *args):
+        answered.add(name)
+        return getattr(backend, name)(*args)
+
+    def answer_property(name):
+        answered.add(name)
+        return getattr(backend, name)
+
+    assert backend.device_type == device_type
+    count = answer("device_count")
+    assert isinstance(count, int) and count >= 1
+    assert answer("current_device") == 0
+    answer("set_device", 0)
+    answer("synchronize", None)
+    assert isinstance(answer("get_device_name", None), str)
+    assert answer("get_device_properties", None).total_memory > 0
+    assert answer("get_device_capability", None) == (8, 0)
+    assert isinstance(answer("is_bf16_supported"), bool)
+    target = answer("target_device", 0)
+    assert isinstance(target, torch.device) and target.type == device_type
+
+    answer("manual_seed", 3)
+    answer("manual_seed_all", 3)
+    assert answer("initial_seed") == 3
+    state = answer("get_rng_state", None)
+    assert isinstance(state, torch.Tensor) and state.dtype == torch.uint8
+    answer("set_rng_state", state, None)
+    answer("seed")
+    answer("seed_all")
+    assert isinstance(answer("default_generator", 0), torch.Generator)
+
+    stream = answer("current_stream", None)
+    assert answer("default_stream", None) is not None
+    answer("set_stream", stream)
+    with answer("stream", stream) as entered:
+        assert entered is stream
+    tensor = RecordingTensor()
+    answer("record_stream", tensor, stream)
+    answered.update({"Stream", "Event"})
+    assert backend.Stream is not None
+    event = backend.Event(enable_timing=True)
+    event.record()
+    assert backend.current_stream() is stream or backend.current_stream() == stream
+
+    for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved"):
+        value = answer(name, None)
+        assert isinstance(value, int) and value >= 0, name
+    answer("reset_peak_memory_stats", None)
+    assert isinstance(answer("memory_stats", None), dict)
+    free, total = answer("mem_get_info", None)
+    assert 0 <= free <= total
+    answer("empty_cache")
+
+    dtypes = answer("autocast_dtypes")
+    assert dtypes and all(isinstance(d, torch.dtype) for d in dtypes)
+    assert answer("sdpa_backends")
+    assert isinstance(answer("can_pin_memory"), bool)
+    collective = backend.collective
+    answered.add("collective")
+    assert isinstance(collective, str) and collective != "nccl"
+    assert collective in answer("process_group_backend")
+    assert backend.name in answer("describe")
+    assert answer_property("module") is torch.get_device_module(device_type)
+    for name in ("absent_reason", "device_absent_reason", "vendor_package_found", "choose_collective"):
+        answered.add(name)                                    # asked by resolve() and collective
+    missing = set(interface_methods()) - answered
+    assert not missing, f"the contract test does not ask: {sorted(missing)}"
+
+
+@pytest.mark.parametrize("name", TESTED)
+def test_detection_picks_the_backend_and_it_answers_the_whole_interface(name):
+    install_fake(name)
+    cls, reason = backends.resolve("auto")
+    assert cls.name == name and "detected" in reason
+    check_contract(cls(load()), DEVICE_TYPE[name])
+
+
+@pytest.mark.parametrize("name", ["xpu", "npu", "hpu", "mps", "accelerator"])
+def test_backends_reach_the_vendor_device_module(name):
+    install_fake(name)
+    backend = build(name)
+    module = torch.get_device_module(DEVICE_TYPE[name])
+    before = len(module.calls)
+    backend.memory_allocated()
+    backend.synchronize()
+    backend.manual_seed(5)
+    asked = module.calls[before:]
+    assert {"synchronize", "manual_seed"} <= set(asked)
+    assert ("memory_allocated" in asked) or name == "mps"   # MPS: current_allocated_memory
+
+
+def test_xpu_imports_ipex_only_when_torch_finds_no_xpu_and_uses_oneccl_without_xccl():
+    assert "intel_extension_for_pytorch" not in sys.modules
+    use_fake_vendor("xpu")
+    cls, _ = backends.resolve("xpu")
+    assert "intel_extension_for_pytorch" in sys.modules     # torch.xpu alone found no device
+    assert "oneccl_bindings_for_pytorch" not in sys.modules   # not before a process group
+    backend = cls(load())
+    assert not torch.distributed.is_xccl_available()
+    assert backend.process_group_backend() == "cpu:gloo,xpu:ccl"
+    assert "oneccl_bindings_for_pytorch" in sys.modules
+    assert torch.distributed.Backend.backend_capability["ccl"] == ["cpu", "xpu"]
+
+
+def test_xpu_prefers_xccl_where_torch_has_it(monkeypatch):
+    use_fake_vendor("xpu")
+    monkeypatch.setattr(torch.distributed, "is_xccl_available", lambda: True)
+    backend = build("xpu")
+    assert backend.collective == "xccl" and "oneccl_bindings_for_pytorch" not in sys.modules
+
+
+def test_xpu_without_xccl_or_oneccl_says_what_to_install():
+    use_fake_vendor("xpu")
+    sys.path.remove(str(FAKES / "vendors" / "xpu"))
+    sys.path.insert(0, str(FAKES / "vendors" / "xpu"))           # ipex stays importable...
+    sys.modules["oneccl_bindings_for_pytorch"] = None            # ...oneCCL does not import
+    backend = build("xpu")
+    with pytest.raises(BackendUnavailableError, match="oneccl_bind_pt.*CUDASHIM_COLLECTIVE"):
+        backend.process_group_backend()
+    assert build("xpu", collective="gloo").collective == "gloo"
+
+
+def test_hpu_imports_habana_hccl_when_nccl_is_first_asked_for():
+    use_fake_vendor("hpu")
+    backend = build("hpu")
+    assert "habana_frameworks.torch.distributed.hccl" not in sys.modules
+    assert backend.process_group_backend() == "cpu:gloo,hpu:hccl"
+    assert "habana_frameworks.torch.distributed.hccl" in sys.modules
+
+
+def test_npu_uses_torch_npu_and_hccl():
+    use_fake_vendor("npu")
+    backend = build("npu")
+    assert "torch_npu" in sys.modules and backend.get_device_name() == "Fake NPU"
+    assert backend.process_group_backend() == "cpu:gloo,npu:hccl"
+
+
+def test_generic_backend_takes_the_collective_the_vendor_registered_or_the_setting():
+    install_fake("accelerator")
+    assert build("accelerator").collective == "mccl"
+    assert build("accelerator", collective="gloo").collective == "gloo"
+
+
+def test_generic_backend_falls_back_to_torch_accelerator_where_the_module_is_silent():
+    install_fake("accelerator")
+    module = torch.get_device_module("musa")
+    # (torch.accelerator.device_count() itself asks the module, so that one stays)
+    for name in ("current_device", "set_device", "current_stream", "set_stream"):
+        delattr(module, name)
+    backend = build("accelerator")
+    backend.set_device(0)
+    assert backend.current_device() == 0
+    stream = backend.current_stream()
+    assert isinstance(stream, torch.Stream) and stream.device.type == "musa"
+    backend.set_stream(stream)
+
+
+def test_generic_backend_leaves_listed_accelerators_to_their_own_backend():
+    use_fake_vendor("npu")
+    importlib.import_module("torch_npu")
+    reason = backends.backend_class("accelerator").absent_reason()
+    assert "'npu', which has its own backend" in reason
+
+
+def test_mps_is_one_device_on_gloo():
+    install_fake("mps")
+    backend = build("mps")
+    assert backend.device_count() == 1 and backend.process_group_backend() == "gloo"
+    with pytest.raises(RuntimeError, match="invalid device ordinal 1"):
+        backend.set_device(1)
+    assert backend.autocast_dtypes() == (torch.float16, torch.bfloat16)
+
+
+# --- visible devices ------------------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(VISIBLE))
+def test_cuda_visible_devices_becomes_the_vendor_variable(name, monkeypatch):
+    import cudashim
+    install_fake(name)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    monkeypatch.delenv(VISIBLE[name], raising=False)
+    cudashim.activate(name)
+    assert os.environ[VISIBLE[name]] == "1,0"
+    cudashim.deactivate()
+    assert VISIBLE[name] not in os.environ
+
+
+@pytest.mark.parametrize("name", sorted(VISIBLE))
+def test_a_vendor_variable_already_set_wins(name, monkeypatch):
+    import cudashim
+    install_fake(name)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    monkeypatch.setenv(VISIBLE[name], "3")
+    cudashim.activate(name)
+    assert os.environ[VISIBLE[name]] == "3"
+    cudashim.deactivate()
+    assert os.environ[VISIBLE[name]] == "3"
+
+
+# --- detection and what a missing vendor says ----------------------------------------
+@pytest.mark.parametrize("name, words", [
+    ("npu", "'torch_npu' is not installed (pip install torch-npu"),
+    ("hpu", "'habana_frameworks.torch' is not installed (install the Intel Gaudi software"),
+    ("xpu", "torch.xpu.is_available() is False (install a torch built for Intel GPUs"),
+    ("mps", "torch.backends.mps.is_available() is False"),
+    ("accelerator", "torch.accelerator reports no accelerator"),
+])
+def test_a_named_absent_backend_says_what_is_missing_and_how_to_install_it(name, words):
+    import cudashim
+    with pytest.raises(BackendUnavailableError, match=f"backend '{name}' cannot run here") as error:
+        cudashim.activate(name)
+    assert words in str(error.value)
+    assert not cudashim.is_active()
+
+
+def test_the_setting_beats_detection():
+    import cudashim
+    use_fake_vendor("npu")
+    assert backends.resolve("auto")[0].name == "npu"
+    assert cudashim.activate("cpu").name == "cpu"
+    assert torch.zeros(1, device="cuda").device.type == "cpu"
+
+
+def test_detection_follows_the_documented_order():
+    assert backends.DETECTION_ORDER == ("cuda", "xpu", "npu", "hpu", "mps", "accelerator", "cpu")
+    use_fake_vendor("npu")
+    use_fake_vendor("xpu")                                   # both present: XPU comes first
+    assert backends.resolve("auto")[0].name == "xpu"
+
+
+def test_a_broken_vendor_package_is_reported_and_detection_moves_on(tmp_path):
+    broken = tmp_path / "torch_npu"
+    broken.mkdir()
+    (broken / "__init__.py").write_text("raise OSError('libascendcl.so: cannot open shared object file')\n")
+    sys.path.insert(0, str(tmp_path))
+    reason = backends.backend_class("npu").absent_reason()
+    assert "'torch_npu' failed to import (OSError: libascendcl.so" in reason
+    assert backends.resolve("auto")[0].name == "cpu"
+
+
+def test_doctor_shows_every_backend_and_why_it_is_absent():
+    from conftest import fake_vendor_path
+    result = python("-c", "from cudashim.cli import main; main()", "doctor", env={"PYTHONPATH": fake_vendor_path("npu")})
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = {line.split()[0]: line for line in result.stdout.splitlines()
+             if line.startswith("  ") and line.split()[0] in backends.names()}
+    assert set(lines) == set(backends.names())
+    assert "present" in lines["npu"] and "absent: " in lines["hpu"] and "Gaudi" in lines["hpu"]
+    assert "chosen backend: npu" in result.stdout
+    assert "NCCL becomes 'cpu:gloo,npu:hccl'" in result.stdout
+    assert "self-check: pass" in result.stdout
