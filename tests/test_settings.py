@@ -41,3 +41,13 @@ def test_settings_round_trip_through_the_environment():
     s = _settings.load({}, backend="cpu", device_count=2, report=True, honest="is_cuda",
                        unsupported="warn")
     assert _settings.load(s.to_environ()) == s
+
+
+def test_the_collective_setting_is_read_carried_to_children_and_checked():
+    load = _settings.load
+    settings = load({"CUDASHIM_COLLECTIVE": " HCCL "})
+    assert settings.collective == "hccl"
+    assert load(settings.to_environ()).collective == "hccl"
+    assert load({}).collective is None
+    with pytest.raises(ValueError, match="CUDASHIM_COLLECTIVE='nccl': name the library NCCL becomes"):
+        load({"CUDASHIM_COLLECTIVE": "nccl"})
