@@ -38,13 +38,15 @@ class DeviceTranslator:
         target_device = backend.target_device
         cache = self.cache
 
+        # isinstance, not __class__: torch.compile traces these functions, and dynamo cannot
+        # wrap the class of a device it holds as a constant.
         def parse(spec):
-            if spec.__class__ is int:
+            if isinstance(spec, int):
                 index = spec
                 if index < 0:
                     return real_device(index)             # torch's own error for a negative index
             else:
-                device = spec if spec.__class__ is real_device else real_device(spec)
+                device = spec if isinstance(spec, real_device) else real_device(spec)
                 if device.type != "cuda":
                     return spec
                 index = device.index
@@ -53,14 +55,18 @@ class DeviceTranslator:
             return target_device(index)
 
         def slow(spec):
-            if spec.__class__ is bool or not isinstance(spec, (str, int, real_device)):
+            if isinstance(spec, bool) or not isinstance(spec, (str, int, real_device)):
                 return spec
             result = parse(spec)
-            if spec.__class__ is not int and len(cache) < _CACHE_LIMIT:
+            if not isinstance(spec, int) and len(cache) < _CACHE_LIMIT:
                 cache[spec] = _UNCHANGED if result is spec else result   # ints stay out: True == 1
             return result
 
         def translate(spec):
+            if isinstance(spec, real_device):
+                # Device objects are not looked up by hash: torch.compile traces this
+                # function and cannot hash a device; reading .type costs as little.
+                return spec if spec.type != "cuda" else parse(spec)
             try:
                 result = cache[spec]
             except KeyError:
@@ -94,11 +100,23 @@ def _check_index_against(backend):
     return check
 
 
+_BY_CODE: dict = {}          # code object -> whether it belongs to torch (a hot-path cache)
+_BY_CODE_LIMIT = 8192
+
+
 def asked_by_torch(depth: int = 2) -> bool:
     """Whether the function ``depth - 1`` frames up was called from torch's own code.
 
     torch's internals must hear the truth (a CPU is not CUDA), or they take CUDA-only
-    paths; the user's program and its libraries hear the compatible answer.
+    paths; the user's program and its libraries hear the compatible answer. The answer is
+    cached per calling code object: one dict lookup instead of reading the module name.
     """
-    name = sys._getframe(depth).f_globals.get("__name__", "")
-    return name.startswith("torch.") or name == "torch"
+    frame = sys._getframe(depth)
+    code = frame.f_code
+    known = _BY_CODE.get(code)
+    if known is None:
+        name = frame.f_globals.get("__name__", "")
+        known = name.startswith("torch.") or name == "torch"
+        if len(_BY_CODE) < _BY_CODE_LIMIT:
+            _BY_CODE[code] = known
+    return known

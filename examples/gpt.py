@@ -7,6 +7,7 @@
 import argparse
 import json
 import math
+import time
 
 import torch
 import torch.nn as nn
@@ -17,6 +18,8 @@ parser.add_argument("--steps", type=int, default=60)
 parser.add_argument("--batch-size", type=int, default=16)
 parser.add_argument("--checkpoint", default="runs/gpt/ckpt.pt")
 parser.add_argument("--losses", help="write the training losses here as JSON")
+parser.add_argument("--compile", action="store_true", help="train the torch.compile'd model")
+parser.add_argument("--step-times", help="write each step's wall time in seconds here as JSON")
 args = parser.parse_args()
 
 assert torch.cuda.is_available(), "this script needs a CUDA GPU"
@@ -82,19 +85,22 @@ optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
 scaler = torch.cuda.amp.GradScaler()
 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
-losses = []
+train_model = torch.compile(model) if args.compile else model
+losses, step_times = [], []
 start.record()
 for step in range(args.steps):
+    began = time.perf_counter()
     xb, yb = get_batch()
     with torch.autocast(device_type="cuda", dtype=torch.float16):
-        _, loss = model(xb, yb)
+        _, loss = train_model(xb, yb)
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(loss).backward()
     scaler.unscale_(optimizer)
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     scaler.step(optimizer)
     scaler.update()
-    losses.append(loss.item())
+    losses.append(loss.item())                 # .item() waits for the step to finish
+    step_times.append(time.perf_counter() - began)
     if step % 10 == 0 or step == args.steps - 1:
         print(f"step {step:4d} | loss {loss.item():.4f}")
 end.record()
@@ -117,3 +123,6 @@ print(f"checkpoint {args.checkpoint} restored; final loss {losses[-1]:.4f} "
 if args.losses:
     with open(args.losses, "w") as f:
         json.dump(losses, f)
+if args.step_times:
+    with open(args.step_times, "w") as f:
+        json.dump(step_times, f)

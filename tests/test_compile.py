@@ -18,3 +18,40 @@ def test_torch_compile_inductor_runs_under_the_shim():
     result = python("-m", "cudashim", "-c", SNIPPET, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["True", "True", "True"]
+
+
+
+def test_the_shim_adds_no_graph_break_to_the_gpt_example(tmp_path):
+    """torch._dynamo.explain of the example's model: under the shim, the same one graph
+    with the same ops as the hand port, and no break."""
+    import json
+    explain = "tests/programs/explain_gpt.py"
+    shimmed = python("-m", "cudashim", explain, "examples/gpt.py", "cuda", str(tmp_path / "a.pt"))
+    ported = python(explain, "tests/ported/gpt_ported.py", "cpu", str(tmp_path / "b.pt"))
+    assert shimmed.returncode == 0 and ported.returncode == 0, shimmed.stderr[-2000:] + ported.stderr[-2000:]
+    a, b = (json.loads(r.stdout.splitlines()[-1]) for r in (shimmed, ported))
+    assert a["breaks"] == 0, a["reasons"]
+    assert a == b and a["graphs"] == 1
+
+
+CUDA_IN_COMPILED_CODE = """
+import json, torch
+def step(x):
+    y = torch.arange(3, device=x.device) + x.to(x.device) + x.cuda() + x.to("cuda") + x.to(0)
+    y = y + torch.ones(3, device=torch.device("cuda")) + torch.zeros(3, device="cuda:0")
+    return y * 2 if x.is_cuda else y
+x = torch.ones(3, device="cuda")
+explanation = torch._dynamo.explain(step)(x)
+compiled = torch.compile(step, backend="eager")(x)
+print(json.dumps([explanation.graph_count, explanation.graph_break_count, compiled.tolist(), step(x).tolist()]))
+"""
+
+
+def test_cuda_device_vocabulary_inside_compiled_code_adds_no_graph_break():
+    """Device objects, strings, indices, .cuda() and is_cuda inside a compiled function."""
+    import json
+    result = python("-m", "cudashim", "-c", CUDA_IN_COMPILED_CODE)
+    assert result.returncode == 0, result.stderr[-3000:]
+    graphs, breaks, compiled, eager = json.loads(result.stdout.splitlines()[-1])
+    assert (graphs, breaks) == (1, 0)
+    assert compiled == eager == [10.0, 12.0, 14.0]

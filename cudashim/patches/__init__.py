@@ -25,6 +25,7 @@ ORDER = (
     "flags",           # sdpa_kernel / sdp_kernel fallback
     "profiler",        # ProfilerActivity.CUDA
     "distributed",     # NCCL -> the target's collective library
+    "compiled",        # torch.compile hears the same is_cuda as eager code
     "cuda_module",     # the proxy torch.cuda and its submodules
 )
 

@@ -14,6 +14,14 @@ def class_proxy(real_cls, construct):
         def __call__(cls, *args, **kwargs):
             return construct(*args, **kwargs)
 
+        # Equal to the real class and hashed like it: tables keyed by ``torch.device`` that
+        # torch builds after activation (torch.compile's, for one) still find real devices.
+        def __eq__(cls, other):
+            return other is cls or other is real_cls
+
+        def __hash__(cls):
+            return hash(real_cls)
+
         def __getattr__(cls, name):
             return getattr(real_cls, name)
 

@@ -11,9 +11,21 @@ def install(ctx):
     real_device = torch.device
     translate = ctx.translate_for("torch.device")
 
+    # "cuda:0" -> its device: one lookup. Not while the report counts every call.
+    by_string = {} if ctx.report is None else None
+
     def construct_device(*args, **kwargs):
-        if len(args) == 1 and not kwargs and args[0].__class__ is int:
-            return translate(args[0])               # torch.device(0): a CUDA index
+        if len(args) == 1 and not kwargs:
+            spec = args[0]
+            if spec.__class__ is str and by_string is not None:
+                device = by_string.get(spec)
+                if device is None:
+                    device = translate(real_device(spec))
+                    if len(by_string) < 512:
+                        by_string[spec] = device    # devices are immutable: sharing is safe
+                return device
+            if spec.__class__ is int:
+                return translate(spec)              # torch.device(0): a CUDA index
         return translate(real_device(*args, **kwargs))
 
     ctx.registry.set_attr(torch, "device", class_proxy(real_device, construct_device))

@@ -45,8 +45,9 @@ def install(ctx):
 def _factory(original, translate):
     @functools.wraps(original)
     def factory(*args, **kwargs):
-        device = kwargs.get("device")
-        if device is not None:
-            kwargs["device"] = translate(device)
+        if kwargs:                                 # most calls without a device pass no keywords
+            device = kwargs.get("device")
+            if device is not None:
+                kwargs["device"] = translate(device)
         return original(*args, **kwargs)
     return factory

@@ -1,0 +1,188 @@
+"""What the shim costs, as differences and ratios against native PyTorch in the same run.
+
+    python benchmarks/overhead.py [--json benchmarks/results-overhead.json] [--quick]
+
+1. per call: ops cudashim does not translate, each translated call against its native CPU
+   twin, and factories given a non-CUDA device. Rounds alternate native (cudashim not
+   active) and shimmed (active) in this one process; each sample is the mean of a timeit
+   loop, and a row reports the medians over the rounds and their spread.
+2. a training step of examples/gpt.py under the shim against tests/ported/gpt_ported.py,
+   eager and torch.compile'd, runs alternating; the step time is the median over the steps
+   after the warm-up ones. The eager losses must be equal bit for bit.
+3. start-up: ``python -m cudashim -c "import torch"`` against ``python -c "import torch"``.
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import timeit
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import cudashim  # noqa: E402
+
+# name, target, shimmed statement, native statement (the CPU twin a hand port would run)
+CALLS = [
+    ("a + b", "1.00x", "a + b", "a + b"),
+    ("F.linear(x, w)", "1.00x", "F.linear(x, w)", "F.linear(x, w)"),
+    ("MLP forward + backward", "1.00x", "mlp_step()", "mlp_step()"),
+    ('torch.zeros(4, device="cuda")', "+100 ns", 'torch.zeros(4, device="cuda")', 'torch.zeros(4, device="cpu")'),
+    ('t.to("cuda")', "+100 ns", 't.to("cuda")', 't.to("cpu")'),
+    ("t.cuda()", "+100 ns", "t.cuda()", "t.cpu()"),
+    ('torch.device("cuda")', "+100 ns", 'torch.device("cuda")', 'torch.device("cpu")'),
+    ("torch.cuda.current_device()", "+100 ns", "torch.cuda.current_device()", "torch.cpu.current_device()"),
+    ("t.is_cuda", "+100 ns", "t.is_cuda", "t.is_cuda"),
+    ('torch.zeros(4, device="cpu")', "+50 ns", 'torch.zeros(4, device="cpu")', 'torch.zeros(4, device="cpu")'),
+    ("torch.zeros(4)", "+50 ns", "torch.zeros(4)", "torch.zeros(4)"),
+    ('torch.empty(4, device=cpu_device)', "+50 ns", "torch.empty(4, device=cpu_device)",
+     "torch.empty(4, device=cpu_device)"),
+]
+
+
+def namespace():
+    torch.manual_seed(0)
+    layer = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    batch = torch.randn(32, 64)
+
+    def mlp_step():
+        layer.zero_grad(set_to_none=True)
+        layer(batch).sum().backward()
+
+    return {"torch": torch, "F": F, "a": torch.randn(16), "b": torch.randn(16),
+            "x": torch.randn(8, 32), "w": torch.randn(32, 32), "t": torch.randn(4),
+            "cpu_device": torch.device("cpu"), "mlp_step": mlp_step}
+
+
+def per_call_rows(rounds, target_seconds):
+    env = namespace()
+    loops = {}
+    for name, _, shimmed, native in CALLS:            # loop sizes from the native statement
+        timer = timeit.Timer(native, globals=env)
+        number, _ = timer.autorange()
+        loops[name] = max(1, int(number * target_seconds / 0.2))
+    samples = {name: {"native": [], "shimmed": []} for name, *_ in CALLS}
+    for _ in range(rounds):
+        for shim_on in (False, True):
+            if shim_on:
+                cudashim.activate("cpu")
+            try:
+                for name, _, shimmed, native in CALLS:
+                    statement = shimmed if shim_on else native
+                    seconds = timeit.Timer(statement, globals=env).timeit(loops[name])
+                    samples[name]["shimmed" if shim_on else "native"].append(seconds / loops[name] * 1e9)
+            finally:
+                if shim_on:
+                    cudashim.deactivate()
+    rows = []
+    for name, target, shimmed, native in CALLS:
+        native_ns, shim_ns = (summary(samples[name][k]) for k in ("native", "shimmed"))
+        rows.append({"what": name, "target": target, "native_twin": native,
+                     "native_ns": native_ns, "shimmed_ns": shim_ns,
+                     "extra_ns": shim_ns["median"] - native_ns["median"],
+                     "ratio": shim_ns["median"] / native_ns["median"]})
+    return rows
+
+
+def summary(values):
+    ordered = sorted(values)
+    return {"median": statistics.median(ordered), "min": ordered[0], "max": ordered[-1],
+            "samples": len(ordered)}
+
+
+def run(args, env=None):
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("CUDASHIM_")}
+    clean.pop("PYTHONPATH", None)
+    result = subprocess.run([sys.executable, *args], cwd=ROOT, env={**clean, **(env or {})},
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed:\n{result.stderr[-3000:]}")
+    return result
+
+
+def training_rows(runs, steps, warmup, compiled, workdir):
+    programs = {"shimmed": ["-m", "cudashim", "examples/gpt.py"], "native": ["tests/ported/gpt_ported.py"]}
+    rows = []
+    for compile_flag in ([False, True] if compiled else [False]):
+        times = {k: [] for k in programs}
+        losses = {}
+        for i in range(runs):
+            for kind, program in programs.items():
+                out = os.path.join(workdir, f"{kind}-{i}-{compile_flag}")
+                run([*program, "--steps", str(steps), "--checkpoint", out + ".pt", "--losses",
+                     out + ".losses.json", "--step-times", out + ".times.json",
+                     *(["--compile"] if compile_flag else [])])
+                with open(out + ".times.json") as f:
+                    times[kind].extend(t * 1e3 for t in json.load(f)[warmup:])
+                with open(out + ".losses.json") as f:
+                    losses.setdefault(kind, json.load(f))
+        native_ms, shim_ms = summary(times["native"]), summary(times["shimmed"])
+        rows.append({"what": "GPT training step" + (", torch.compile" if compile_flag else ", eager"),
+                     "target": "1.00x", "native_ms": native_ms, "shimmed_ms": shim_ms,
+                     "ratio": shim_ms["median"] / native_ms["median"],
+                     "losses_equal": losses["shimmed"] == losses["native"]})
+    return rows
+
+
+def startup_row(runs):
+    code = "import torch"
+    samples = {"native": [], "shimmed": []}
+    for _ in range(runs):
+        for kind, args in (("native", ["-c", code]), ("shimmed", ["-m", "cudashim", "-c", code])):
+            started = timeit.default_timer()
+            run(args)
+            samples[kind].append((timeit.default_timer() - started) * 1e3)
+    native_ms, shim_ms = summary(samples["native"]), summary(samples["shimmed"])
+    return {"what": 'start-up: -c "import torch"', "target": "+30 ms", "native_ms": native_ms,
+            "shimmed_ms": shim_ms, "extra_ms": shim_ms["median"] - native_ms["median"]}
+
+
+def print_table(result):
+    print(f"cudashim overhead on {result['machine']}, torch {result['torch']}")
+    print(f"{'what':40s} {'target':>8s} {'native':>11s} {'shimmed':>11s} {'extra':>10s} {'ratio':>6s}  spread (shimmed)")
+    for row in result["per_call"]:
+        n, s = row["native_ns"], row["shimmed_ns"]
+        print(f"{row['what']:40s} {row['target']:>8s} {n['median']:8.0f} ns {s['median']:8.0f} ns "
+              f"{row['extra_ns']:+7.0f} ns {row['ratio']:6.2f}  {s['min']:.0f}-{s['max']:.0f} ns")
+    for row in result["training"]:
+        n, s = row["native_ms"], row["shimmed_ms"]
+        print(f"{row['what']:40s} {row['target']:>8s} {n['median']:8.1f} ms {s['median']:8.1f} ms "
+              f"{s['median'] - n['median']:+7.1f} ms {row['ratio']:6.2f}  {s['min']:.1f}-{s['max']:.1f} ms"
+              f"{'' if row['losses_equal'] else '  (losses differ)'}")
+    row = result["startup"]
+    n, s = row["native_ms"], row["shimmed_ms"]
+    print(f"{row['what']:40s} {row['target']:>8s} {n['median']:8.0f} ms {s['median']:8.0f} ms "
+          f"{row['extra_ms']:+7.0f} ms {s['median'] / n['median']:6.2f}  {s['min']:.0f}-{s['max']:.0f} ms")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", default=os.path.join(ROOT, "benchmarks", "results-overhead.json"))
+    parser.add_argument("--quick", action="store_true", help="fewer rounds and steps (a smoke run)")
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile row")
+    args = parser.parse_args()
+    rounds, runs, steps = (3, 1, 12) if args.quick else (9, 3, 40)
+    result = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+                         f"{platform.system()}", "torch": torch.__version__, "python": platform.python_version(),
+              "command": "python " + " ".join(sys.argv)}
+    result["per_call"] = per_call_rows(rounds, 0.02 if args.quick else 0.05)
+    with tempfile.TemporaryDirectory() as workdir:
+        result["training"] = training_rows(runs, steps, warmup=5, compiled=not args.no_compile,
+                                           workdir=workdir)
+    result["startup"] = startup_row(5 if args.quick else 15)
+    print_table(result)
+    with open(args.json, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""torch.compile: compiled code hears the same ``is_cuda`` as eager code.
+
+Dynamo does not call ``Tensor.is_cuda`` while it traces; it answers from the device type
+(``device.type == "cuda"``). So for the program's own code it is told what the program
+hears in eager mode, and torch's code it traces still hears the truth. Dynamo is imported
+lazily (it costs a second), so the patch waits for that import when it has not happened.
+"""
+
+import sys
+
+import wrapt
+
+from .. import _state
+
+DYNAMO_TENSORS = "torch._dynamo.variables.tensor"
+
+
+def install(ctx):
+    if ctx.settings.is_honest("is_cuda"):
+        return
+    device_type = ctx.backend.device_type
+
+    def patch(module):
+        if _state.ACTIVE.backend is not ctx.backend:
+            return                                    # deactivated before dynamo came in
+        TensorVariable = module.TensorVariable
+        original = TensorVariable.method_attr_is_cuda
+
+        def method_attr_is_cuda(self, tx):
+            device = self.device
+            if device is not None and device.type == device_type and not _tracing_torch(tx):
+                return module.VariableTracker.build(tx, True)
+            return original(self, tx)
+
+        ctx.registry.set_attr(TensorVariable, "method_attr_is_cuda", method_attr_is_cuda)
+
+    if DYNAMO_TENSORS in sys.modules:
+        patch(sys.modules[DYNAMO_TENSORS])
+    else:
+        wrapt.register_post_import_hook(patch, DYNAMO_TENSORS)
+
+
+def _tracing_torch(tx) -> bool:
+    name = getattr(tx, "f_globals", {}).get("__name__", "")
+    return name == "torch" or name.startswith("torch.")
