@@ -33,13 +33,17 @@ def visible_device_count(value: str) -> int:
     return count
 
 
+class _CurrentDevice(threading.local):
+    index = 0                  # a class default: a missing attribute would cost an exception
+
+
 class CPUBackend(HostStreams, Backend):
     name = "cpu"
     device_type = "cpu"
     def __init__(self, settings):
         super().__init__(settings)
         self._count = self._resolve_count(settings)
-        self._local = threading.local()
+        self._local = _CurrentDevice()
         self._host = torch.device("cpu")
 
     @staticmethod
@@ -71,7 +75,7 @@ class CPUBackend(HostStreams, Backend):
                 f"{ENV_DEVICE_COUNT} for more)")
 
     def current_device(self) -> int:
-        return getattr(self._local, "index", 0)
+        return self._local.index
 
     def set_device(self, index: int) -> None:
         self.check_index(index)

@@ -104,6 +104,10 @@ class HostStream:
         return f"<cudashim HostStream device={self.device_type}>"
 
 
+class _CurrentStream(threading.local):
+    stream = None              # a class default: a missing attribute would cost an exception
+
+
 class HostStreams:
     """The stream and event methods of a backend whose streams are ``HostStream``: one
     default stream, and a current stream per thread."""
@@ -112,11 +116,11 @@ class HostStreams:
 
     def __init__(self, settings):
         super().__init__(settings)
-        self._stream_state = threading.local()
+        self._stream_state = _CurrentStream()
         self._default_stream = None            # made on first use: MPS's needs the device
 
     def current_stream(self, index: Optional[int] = None):
-        return getattr(self._stream_state, "stream", None) or self.default_stream(index)
+        return self._stream_state.stream or self.default_stream(index)
 
     def default_stream(self, index: Optional[int] = None):
         if self._default_stream is None:
@@ -129,7 +133,7 @@ class HostStreams:
     @contextlib.contextmanager
     def stream(self, stream):
         state = self._stream_state
-        previous = getattr(state, "stream", None)
+        previous = state.stream
         state.stream = stream
         try:
             yield stream

@@ -9,6 +9,7 @@ and AMP patches it relies on.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Any, Callable
 
 import wrapt
@@ -44,6 +45,23 @@ class PatchContext:
         replacement = make(original)
         self.registry.set_attr(owner, name, replacement)
         return replacement
+
+    def when_imported(self, module_name: str, patch: Callable[[Any], None]) -> None:
+        """``patch(module)`` now if the module is imported, else when it is (heavy modules
+        such as FSDP's and dynamo's cost start-up time nobody asked for). A module imported
+        after deactivation is left alone."""
+        module = sys.modules.get(module_name)
+        if module is not None:
+            patch(module)
+            return
+        backend = self.backend
+
+        def on_import(module):
+            from .. import _state
+            if _state.ACTIVE.backend is backend:
+                patch(module)
+
+        wrapt.register_post_import_hook(on_import, module_name)
 
     def translate_for(self, api: str):
         return self.translator.for_api(api)

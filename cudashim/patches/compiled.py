@@ -6,12 +6,6 @@ hears in eager mode, and torch's code it traces still hears the truth. Dynamo is
 lazily (it costs a second), so the patch waits for that import when it has not happened.
 """
 
-import sys
-
-import wrapt
-
-from .. import _state
-
 DYNAMO_TENSORS = "torch._dynamo.variables.tensor"
 
 
@@ -21,8 +15,6 @@ def install(ctx):
     device_type = ctx.backend.device_type
 
     def patch(module):
-        if _state.ACTIVE.backend is not ctx.backend:
-            return                                    # deactivated before dynamo came in
         TensorVariable = module.TensorVariable
         original = TensorVariable.method_attr_is_cuda
 
@@ -34,10 +26,7 @@ def install(ctx):
 
         ctx.registry.set_attr(TensorVariable, "method_attr_is_cuda", method_attr_is_cuda)
 
-    if DYNAMO_TENSORS in sys.modules:
-        patch(sys.modules[DYNAMO_TENSORS])
-    else:
-        wrapt.register_post_import_hook(patch, DYNAMO_TENSORS)
+    ctx.when_imported(DYNAMO_TENSORS, patch)
 
 
 def _tracing_torch(tx) -> bool:

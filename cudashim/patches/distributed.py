@@ -152,23 +152,15 @@ def install(ctx):
     _device_meshes_and_fsdp(ctx)
 
 
-def _device_mesh_and_fsdp_modules():
-    import importlib
-    found = {}
-    for name in ("torch.distributed.device_mesh", "torch.distributed.fsdp"):
-        try:
-            found[name] = importlib.import_module(name)
-        except Exception:             # not built into this torch
-            pass
-    return found
-
-
 def _device_meshes_and_fsdp(ctx):
     """``init_device_mesh("cuda", ...)``, ``DeviceMesh("cuda", ...)`` and FSDP's
     ``device_id=`` name the target instead."""
-    modules = _device_mesh_and_fsdp_modules()
-    mesh_module = modules.get("torch.distributed.device_mesh")
-    if mesh_module is not None and hasattr(mesh_module, "init_device_mesh"):
+    ctx.when_imported("torch.distributed.device_mesh", functools.partial(_patch_device_mesh, ctx))
+    ctx.when_imported("torch.distributed.fsdp", functools.partial(_patch_fsdp, ctx))
+
+
+def _patch_device_mesh(ctx, mesh_module):
+    if hasattr(mesh_module, "init_device_mesh"):
         translate_mesh = ctx.translate_type("init_device_mesh")
         ctx.replace(mesh_module, "init_device_mesh", functools.partial(
             _first_argument, name="device_type", translate=translate_mesh))
@@ -187,8 +179,9 @@ def _device_meshes_and_fsdp(ctx):
         if getattr(torch.distributed, "init_device_mesh", None) is not None:
             ctx.registry.set_attr(torch.distributed, "init_device_mesh", mesh_module.init_device_mesh)
 
-    fsdp_module = modules.get("torch.distributed.fsdp")
-    if fsdp_module is not None and hasattr(fsdp_module, "FullyShardedDataParallel"):
+
+def _patch_fsdp(ctx, fsdp_module):
+    if hasattr(fsdp_module, "FullyShardedDataParallel"):
         translate_id = ctx.translate_for("FullyShardedDataParallel(device_id)")
 
         def make_fsdp_init(original):
