@@ -3,9 +3,9 @@
     python benchmarks/overhead.py [--json benchmarks/results-overhead.json] [--quick]
 
 1. per call: ops cudashim does not translate, each translated call against its native CPU
-   twin, and factories given a non-CUDA device. Rounds alternate native (cudashim not
-   active) and shimmed (active) in this one process; each sample is the mean of a timeit
-   loop, and a row reports the medians over the rounds and their spread.
+   twin, and factories given a non-CUDA device. Rounds alternate a native process and a
+   shimmed one (activated once, as programs are); each sample is the best of three timeit
+   loops, and a row reports the median over the rounds and their spread.
 2. a training step of examples/gpt.py under the shim against tests/ported/gpt_ported.py,
    eager and torch.compile'd, runs alternating; the step time is the median over the steps
    after the warm-up ones. The eager losses must be equal bit for bit.
@@ -62,26 +62,31 @@ def namespace():
             "cpu_device": torch.device("cpu"), "mlp_step": mlp_step}
 
 
-def per_call_rows(rounds, target_seconds):
+def measure_calls(shimmed, target_seconds):
+    """One process's per-call times in ns: cudashim activated once, as programs do (a
+    process that activates and deactivates over and over measures slower than either)."""
     env = namespace()
-    loops = {}
-    for name, _, shimmed, native in CALLS:            # loop sizes from the native statement
-        timer = timeit.Timer(native, globals=env)
-        number, _ = timer.autorange()
-        loops[name] = max(1, int(number * target_seconds / 0.2))
+    if shimmed:
+        cudashim.activate("cpu")
+    times = {}
+    for name, _, shim_statement, native_statement in CALLS:
+        timer = timeit.Timer(shim_statement if shimmed else native_statement, globals=env)
+        number, seconds = timer.autorange()
+        number = max(1, int(number * target_seconds / max(seconds, 1e-9)))
+        times[name] = min(timer.repeat(repeat=3, number=number)) / number * 1e9
+    return times
+
+
+def per_call_rows(rounds, target_seconds, workdir):
+    """Rounds alternate a native and a shimmed process; each row reports the medians."""
     samples = {name: {"native": [], "shimmed": []} for name, *_ in CALLS}
-    for _ in range(rounds):
-        for shim_on in (False, True):
-            if shim_on:
-                cudashim.activate("cpu")
-            try:
-                for name, _, shimmed, native in CALLS:
-                    statement = shimmed if shim_on else native
-                    seconds = timeit.Timer(statement, globals=env).timeit(loops[name])
-                    samples[name]["shimmed" if shim_on else "native"].append(seconds / loops[name] * 1e9)
-            finally:
-                if shim_on:
-                    cudashim.deactivate()
+    for i in range(rounds):
+        for kind in ("native", "shimmed"):
+            out = os.path.join(workdir, f"calls-{kind}-{i}.json")
+            run([__file__, "--calls-worker", kind, "--seconds", str(target_seconds), "--json", out])
+            with open(out) as f:
+                for name, ns in json.load(f).items():
+                    samples[name][kind].append(ns)
     rows = []
     for name, target, shimmed, native in CALLS:
         native_ns, shim_ns = (summary(samples[name][k]) for k in ("native", "shimmed"))
@@ -168,13 +173,19 @@ def main():
     parser.add_argument("--json", default=os.path.join(ROOT, "benchmarks", "results-overhead.json"))
     parser.add_argument("--quick", action="store_true", help="fewer rounds and steps (a smoke run)")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile row")
+    parser.add_argument("--calls-worker", choices=("native", "shimmed"), help=argparse.SUPPRESS)
+    parser.add_argument("--seconds", type=float, default=0.05, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    rounds, runs, steps = (3, 1, 12) if args.quick else (9, 3, 40)
+    if args.calls_worker:
+        with open(args.json, "w") as f:
+            json.dump(measure_calls(args.calls_worker == "shimmed", args.seconds), f)
+        return
+    rounds, runs, steps = (3, 1, 12) if args.quick else (7, 3, 40)
     result = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
                          f"{platform.system()}", "torch": torch.__version__, "python": platform.python_version(),
               "command": "python " + " ".join(sys.argv)}
-    result["per_call"] = per_call_rows(rounds, 0.02 if args.quick else 0.05)
     with tempfile.TemporaryDirectory() as workdir:
+        result["per_call"] = per_call_rows(rounds, 0.02 if args.quick else 0.05, workdir)
         result["training"] = training_rows(runs, steps, warmup=5, compiled=not args.no_compile,
                                            workdir=workdir)
     result["startup"] = startup_row(5 if args.quick else 15)
