@@ -29,6 +29,7 @@ class DeviceTranslator:
         self.backend = backend
         self.report = report
         self.cache: dict = {}
+        self.named: dict = {}         # spec string -> the device it stands for, translated
         self.translate = self._build()
 
     def _build(self):
@@ -37,17 +38,14 @@ class DeviceTranslator:
         check_index = getattr(backend, "check_index", None) or _check_index_against(backend)
         target_device = backend.target_device
         cache = self.cache
-        compiling = torch.compiler.is_compiling
 
-        # isinstance, not __class__: torch.compile traces these functions, and dynamo cannot
-        # wrap the class of a device it holds as a constant.
         def parse(spec):
-            if isinstance(spec, int):
+            if spec.__class__ is int:
                 index = spec
                 if index < 0:
                     return real_device(index)             # torch's own error for a negative index
             else:
-                device = spec if isinstance(spec, real_device) else real_device(spec)
+                device = spec if spec.__class__ is real_device else real_device(spec)
                 if device.type != "cuda":
                     return spec
                 index = device.index
@@ -56,18 +54,14 @@ class DeviceTranslator:
             return target_device(index)
 
         def slow(spec):
-            if isinstance(spec, bool) or not isinstance(spec, (str, int, real_device)):
+            if spec.__class__ is bool or not isinstance(spec, (str, int, real_device)):
                 return spec
             result = parse(spec)
-            if not isinstance(spec, int) and len(cache) < _CACHE_LIMIT:
+            if spec.__class__ is not int and len(cache) < _CACHE_LIMIT:
                 cache[spec] = _UNCHANGED if result is spec else result   # ints stay out: True == 1
             return result
 
         def translate(spec):
-            if isinstance(spec, real_device) and compiling():
-                # torch.compile traces this function and cannot hash a device. Eager
-                # code hashes it: reading .type costs eight times as much (~300 ns).
-                return spec if spec.type != "cuda" else parse(spec)
             try:
                 result = cache[spec]
             except KeyError:
@@ -90,6 +84,31 @@ class DeviceTranslator:
             return result
 
         return translate_and_count
+
+
+    def device_named_for(self, api: str) -> Callable[[str], "torch.device"]:
+        """``torch.device(spec)`` for a spec string, translated: the target device for a
+        CUDA spec, the parsed device otherwise. Cached, so ``torch.device("cpu")`` costs a
+        lookup; while the report counts calls, every call is translated and counted."""
+        translate, real_device = self.for_api(api), torch.device
+
+        def device_named(spec):
+            target = translate(spec)
+            return target if target is not spec else real_device(spec)
+
+        if self.report is not None:
+            return device_named
+        named = self.named
+
+        def cached(spec):
+            device = named.get(spec)
+            if device is None:
+                device = device_named(spec)
+                if len(named) < _CACHE_LIMIT:
+                    named[spec] = device      # devices are immutable: sharing one is safe
+            return device
+
+        return cached
 
 
 def _check_index_against(backend):
@@ -116,8 +135,11 @@ def asked_by_torch(depth: int = 2) -> bool:
     code = frame.f_code
     known = _BY_CODE.get(code)
     if known is None:
-        name = frame.f_globals.get("__name__", "")
-        known = name.startswith("torch.") or name == "torch"
+        known = is_torch_module(frame.f_globals.get("__name__", ""))
         if len(_BY_CODE) < _BY_CODE_LIMIT:
             _BY_CODE[code] = known
     return known
+
+
+def is_torch_module(name: str) -> bool:
+    return name == "torch" or name.startswith("torch.")

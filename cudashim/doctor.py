@@ -20,8 +20,6 @@ VENDOR_PACKAGES = ("intel_extension_for_pytorch", "oneccl_bindings_for_pytorch",
                    "habana_frameworks.torch", "cupy")
 
 
-
-
 def self_check() -> None:
     """A CUDA-style snippet: raises if anything in it fails under cudashim."""
     import torch

@@ -8,6 +8,7 @@ module lacks. Methods take ``device`` as a CUDA-style index (``None`` = current 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 from typing import ClassVar, Optional, Tuple
@@ -188,13 +189,10 @@ class Backend:
         return True
 
     # --- communication ----------------------------------------------------------------
-    @property
+    @functools.cached_property
     def collective(self) -> str:
         """The collective library: the setting when given, else the backend's choice."""
-        chosen = getattr(self, "_collective", None)
-        if chosen is None:
-            chosen = self._collective = self.settings.collective or self.choose_collective()
-        return chosen
+        return self.settings.collective or self.choose_collective()
 
     def choose_collective(self) -> str:
         return self.default_collective

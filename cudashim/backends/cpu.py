@@ -40,6 +40,7 @@ class _CurrentDevice(threading.local):
 class CPUBackend(HostStreams, Backend):
     name = "cpu"
     device_type = "cpu"
+
     def __init__(self, settings):
         super().__init__(settings)
         self._count = self._resolve_count(settings)

@@ -13,8 +13,8 @@ def to_method(original, translate):
     def to(self, *args, **kwargs):
         if args:
             first = args[0]
-            # isinstance, not __class__: dynamo cannot wrap the class of a constant device
-            if isinstance(first, (str, real_device, int)):
+            cls = first.__class__
+            if cls is str or cls is real_device or cls is int:
                 args = (translate(first),) + args[1:]
         if kwargs:
             device = kwargs.get("device")

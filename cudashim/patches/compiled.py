@@ -6,6 +6,8 @@ hears in eager mode, and torch's code it traces still hears the truth. Dynamo is
 lazily (it costs a second), so the patch waits for that import when it has not happened.
 """
 
+from ..devices import is_torch_module
+
 DYNAMO_TENSORS = "torch._dynamo.variables.tensor"
 
 
@@ -20,7 +22,8 @@ def install(ctx):
 
         def method_attr_is_cuda(self, tx):
             device = self.device
-            if device is not None and device.type == device_type and not _tracing_torch(tx):
+            traced_module = tx.f_globals.get("__name__", "")
+            if device is not None and device.type == device_type and not is_torch_module(traced_module):
                 return module.VariableTracker.build(tx, True)
             return original(self, tx)
 
@@ -28,7 +31,3 @@ def install(ctx):
 
     ctx.when_imported(DYNAMO_TENSORS, patch)
 
-
-def _tracing_torch(tx) -> bool:
-    name = getattr(tx, "f_globals", {}).get("__name__", "")
-    return name == "torch" or name.startswith("torch.")

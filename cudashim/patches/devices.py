@@ -10,20 +10,13 @@ from ._classproxy import class_proxy
 def install(ctx):
     real_device = torch.device
     translate = ctx.translate_for("torch.device")
-
-    # "cuda:0" -> its device: one lookup. Not while the report counts every call.
-    by_string = {} if ctx.report is None else None
+    device_named = ctx.translator.device_named_for("torch.device")
 
     def construct_device(*args, **kwargs):
         if len(args) == 1 and not kwargs:
             spec = args[0]
-            if spec.__class__ is str and by_string is not None:
-                device = by_string.get(spec)
-                if device is None:
-                    device = translate(real_device(spec))
-                    if len(by_string) < 512:
-                        by_string[spec] = device    # devices are immutable: sharing is safe
-                return device
+            if spec.__class__ is str:
+                return device_named(spec)
             if spec.__class__ is int:
                 return translate(spec)              # torch.device(0): a CUDA index
         return translate(real_device(*args, **kwargs))

@@ -76,17 +76,12 @@ def answer_by_caller(api, real, ours, became, report=None):
     without cudashim (inductor, for one, branches on what torch.cuda raises); the program
     and its libraries call ours."""
 
-    if report is None:
-        def function(*args, **kwargs):
-            if asked_by_torch():
-                return real(*args, **kwargs)
-            return ours(*args, **kwargs)
-    else:
-        def function(*args, **kwargs):
-            if asked_by_torch():
-                return real(*args, **kwargs)
+    def function(*args, **kwargs):
+        if asked_by_torch():
+            return real(*args, **kwargs)
+        if report is not None:
             report.count(api, became)
-            return ours(*args, **kwargs)
+        return ours(*args, **kwargs)
 
     function.__name__ = function.__qualname__ = ours.__name__
     function.__doc__ = ours.__doc__ or getattr(real, "__doc__", None)
