@@ -39,6 +39,32 @@ def python(*args, env=None, cwd=None, timeout=300, input=None):
                           cwd=cwd or ROOT, timeout=timeout, input=input)
 
 
+def torchrun(*args, nproc=2, timeout=300, env=None, shim_options=()):
+    """``python -m cudashim [shim_options] -m torch.distributed.run --standalone ...``."""
+    return python("-m", "cudashim", *shim_options, "-m", "torch.distributed.run", "--standalone",
+                  "--nproc-per-node", str(nproc), *args, timeout=timeout, env=env)
+
+
+def torchrun_two_nodes(*args, env=None, timeout=240):
+    """Two torchrun "nodes" of one process each on 127.0.0.1, both under the launcher;
+    return [(returncode, stderr)] per node."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("CUDASHIM_")}
+    full_env.pop("PYTHONPATH", None)
+    full_env.update(env or {})
+    nodes = [subprocess.Popen(
+        [sys.executable, "-m", "cudashim", "-m", "torch.distributed.run", "--nnodes", "2",
+         "--node-rank", str(node), "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
+         "--master-port", str(port), *args],
+        cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for node in (0, 1)]
+    errors = [node.communicate(timeout=timeout)[1] for node in nodes]
+    return [(node.returncode, error) for node, error in zip(nodes, errors)]
+
+
 FAKES = ROOT / "tests" / "fakes"
 # The fake vendor packages each backend imports; "musa" is a vendor cudashim does not know.
 FAKE_VENDORS = ("npu", "hpu", "xpu", "musa")

@@ -7,15 +7,11 @@ equal those of the same programs hand-ported to that device.
 """
 
 import json
-import os
-import socket
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from conftest import ROOT, fake_vendor_path, python, use_fake_vendor
+from conftest import fake_vendor_path, python, torchrun, torchrun_two_nodes, use_fake_vendor
 
 PROBE = """
 import torch
@@ -61,28 +57,18 @@ def test_examples_on_the_fake_device_equal_the_hand_port(tmp_path, vendor, examp
 def test_two_nodes_train_with_the_fake_collective(tmp_path):
     """Two torchrun nodes with one fake NPU each: NCCL becomes hccl, DDP's gradients travel
     over it, and the result equals one process training on the same data."""
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("CUDASHIM_")},
-           "PYTHONPATH": fake_vendor_path("npu"), "CUDASHIM_REPORT_JSON": str(tmp_path / "r.json")}
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    nodes = [subprocess.Popen(
-        [sys.executable, "-m", "cudashim", "-m", "torch.distributed.run", "--nnodes", "2",
-         "--node-rank", str(node), "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
-         "--master-port", str(port), "tests/programs/ddp_train.py", "--batch-size", "8",
-         "--out", str(tmp_path / "nodes.pt")],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for node in (0, 1)]
-    outputs = [node.communicate(timeout=240) for node in nodes]
-    assert [n.returncode for n in nodes] == [0, 0], outputs[0][1][-2000:] + outputs[1][1][-2000:]
+    nodes = torchrun_two_nodes("tests/programs/ddp_train.py", "--batch-size", "8",
+                               "--out", str(tmp_path / "nodes.pt"),
+                               env={"PYTHONPATH": fake_vendor_path("npu"),
+                                    "CUDASHIM_REPORT_JSON": str(tmp_path / "r.json")})
+    assert [code for code, _ in nodes] == [0, 0], nodes[0][1][-2000:] + nodes[1][1][-2000:]
     for rank in (0, 1):
         report = json.loads((tmp_path / f"r.rank{rank}.json").read_text())
         assert report["backend"] == "npu"
         assert report["apis"]["init_process_group"]["became"] == "cpu:gloo,npu:hccl"
         assert report["apis"]["DistributedDataParallel(device_ids)"]["became"] == "npu:0"
-    one = python("-m", "cudashim", "--backend", "cpu", "-m", "torch.distributed.run", "--standalone",
-                 "--nproc-per-node", "1", "tests/programs/ddp_train.py", "--batch-size", "16",
-                 "--out", str(tmp_path / "one.pt"), timeout=240)
+    one = torchrun("tests/programs/ddp_train.py", "--batch-size", "16", "--out", str(tmp_path / "one.pt"),
+                   nproc=1, timeout=240, shim_options=("--backend", "cpu"))
     assert one.returncode == 0, one.stderr[-3000:]
     use_fake_vendor("npu")
     import torch_npu  # noqa: F401  (the checkpoint holds npu tensors)
@@ -119,3 +105,21 @@ def test_kernels_take_torch_npus_sign_packing_on_the_fake_npu():
     assert torch.equal(packed.cpu(), bits.pack_signs(x.cpu()))
     assert torch.equal(kernels.unpack_signs(packed, 1000).cpu(), bits.unpack_signs(packed.cpu(), 1000))
     assert kernels.kernel_info()["pack_signs"]["npu"] == "torch_npu.npu_sign_bits_pack: ok"
+
+
+ASK_COLLECTIVE = """
+import subprocess, sys
+import cudashim, torch
+print(cudashim.current_backend().process_group_backend())
+child = "import cudashim, torch; print(cudashim.current_backend().process_group_backend())"
+print(subprocess.run([sys.executable, "-c", child], capture_output=True, text=True).stdout.strip())
+"""
+
+
+def test_the_collective_option_reaches_the_program_and_its_children():
+    env = {"PYTHONPATH": fake_vendor_path("npu")}
+    default = python("-m", "cudashim", "-c", ASK_COLLECTIVE, env=env)
+    chosen = python("-m", "cudashim", "--collective", "gloo", "-c", ASK_COLLECTIVE, env=env)
+    assert default.returncode == 0 and chosen.returncode == 0, default.stderr + chosen.stderr
+    assert default.stdout.split() == ["cpu:gloo,npu:hccl"] * 2
+    assert chosen.stdout.split() == ["cpu:gloo,npu:gloo"] * 2

@@ -116,6 +116,7 @@ def test_import_cudashim_auto_as_the_first_line(tmp_path):
 def test_report_lists_apis_with_counts_and_first_call_site_per_rank(tmp_path):
     script = tmp_path / "uses.py"
     script.write_text("import torch\nfor _ in range(3):\n    x = torch.zeros(2, device='cuda')\n"
+                      "    devices = torch.device('cuda'), torch.device('cpu')\n"
                       "torch.cuda.synchronize()\n")
     result = python("-m", "cudashim", "--report", "--report-json", str(tmp_path / "r.json"),
                     str(script), env={"RANK": "1"})
@@ -124,6 +125,7 @@ def test_report_lists_apis_with_counts_and_first_call_site_per_rank(tmp_path):
     report = json.loads((tmp_path / "r.rank1.json").read_text())
     assert report["apis"]["torch.zeros"] == {"calls": 3, "became": "cpu", "first_call": f"{script}:3"}
     assert report["apis"]["torch.cuda.synchronize"]["calls"] == 1
+    assert report["apis"]["torch.device"]["calls"] == 3     # every call counted, "cpu" never
     assert "torch.cuda.manual_seed_all" not in report["apis"]
 
 

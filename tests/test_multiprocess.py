@@ -4,12 +4,7 @@ import json
 
 import torch
 
-from conftest import python
-
-
-def torchrun(*args, nproc=2, timeout=300, env=None):
-    return python("-m", "cudashim", "-m", "torch.distributed.run", "--standalone",
-                  "--nproc-per-node", str(nproc), *args, timeout=timeout, env=env)
+from conftest import python, torchrun, torchrun_two_nodes
 
 
 def test_two_ranks_train_like_one_rank_with_the_same_data(tmp_path):
@@ -55,25 +50,9 @@ def test_a_failing_rank_fails_torchrun_with_its_error(tmp_path):
 
 
 def test_two_nodes_on_loopback_train_like_one_process(tmp_path):
-    import os
-    import socket
-    import subprocess
-    import sys
-
-    from conftest import ROOT
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CUDASHIM_")}
-    nodes = [subprocess.Popen(
-        [sys.executable, "-m", "cudashim", "-m", "torch.distributed.run", "--nnodes", "2",
-         "--node-rank", str(node), "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
-         "--master-port", str(port), "tests/programs/ddp_train.py", "--batch-size", "8",
-         "--out", str(tmp_path / "nodes.pt")],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for node in (0, 1)]
-    outputs = [node.communicate(timeout=240) for node in nodes]
-    assert [n.returncode for n in nodes] == [0, 0], outputs[0][1][-2000:] + outputs[1][1][-2000:]
+    nodes = torchrun_two_nodes("tests/programs/ddp_train.py", "--batch-size", "8",
+                               "--out", str(tmp_path / "nodes.pt"))
+    assert [code for code, _ in nodes] == [0, 0], nodes[0][1][-2000:] + nodes[1][1][-2000:]
     one = torchrun("tests/programs/ddp_train.py", "--batch-size", "16", "--out",
                    str(tmp_path / "one.pt"), nproc=1)
     assert one.returncode == 0, one.stderr[-3000:]
