@@ -6,10 +6,10 @@
 Importing cudashim imports no torch; activation does (or waits for it).
 """
 
-from .activation import activate, activated, current_backend, deactivate, is_active
+from .activation import activate, activated, current_backend, deactivate, get_original, is_active
 from .errors import CudashimWarning, UnsupportedCudaAPI
 
 __version__ = "0.1.0"
 
-__all__ = ["activate", "activated", "current_backend", "deactivate", "is_active",
+__all__ = ["activate", "activated", "current_backend", "deactivate", "get_original", "is_active",
            "CudashimWarning", "UnsupportedCudaAPI", "__version__"]

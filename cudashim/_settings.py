@@ -1,4 +1,9 @@
-"""Settings: read once into a frozen object.
+"""Settings: declared once, read once into a frozen object.
+
+Each setting is one ``Option`` below: its name (the keyword argument and the field), its
+environment variable, how a value is parsed and checked, and its help line. The
+``Settings`` class, ``load()``, the environment handed to child processes and the command
+line options are all derived from that one table, so a new setting is one entry here.
 
 Precedence: keyword arguments beat ``CUDASHIM_*`` environment variables, which beat the
 defaults. Every environment variable cudashim reads is named here and nowhere else.
@@ -8,27 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Tuple
 
-# --- environment variables (the only place their names are spelled) -------------------
-ENV_BACKEND = "CUDASHIM_BACKEND"
-"""Backend name (``cpu``, ``cuda``, ...) or ``auto`` to detect."""
-ENV_DEVICE_COUNT = "CUDASHIM_DEVICE_COUNT"
-"""How many virtual CUDA devices the CPU backend exposes (default 1)."""
-ENV_COLLECTIVE = "CUDASHIM_COLLECTIVE"
-"""The torch.distributed backend NCCL becomes (default: the backend's own choice)."""
-ENV_REPORT = "CUDASHIM_REPORT"
-"""``1`` prints, at exit, which CUDA APIs the program used and what each became."""
-ENV_REPORT_JSON = "CUDASHIM_REPORT_JSON"
-"""Path of a JSON copy of the report; the rank is inserted when ``RANK`` is set."""
-ENV_HONEST = "CUDASHIM_HONEST"
-"""Comma-separated questions answered truthfully instead of compatibly (see HONEST_QUESTIONS)."""
-ENV_UNSUPPORTED = "CUDASHIM_UNSUPPORTED"
-"""``raise`` (default) or ``warn``: harmless unsupported APIs (nvtx, profiler ranges) warn once."""
+from . import backends, patches
+
 ENV_ACTIVATE = "CUDASHIM_ACTIVATE"
 """Set to ``1`` by the launcher so the sitecustomize hook activates child interpreters."""
-
-BACKEND_AUTO = "auto"
 
 HONEST_QUESTIONS = {
     "is_available": "torch.cuda.is_available() says whether real CUDA works",
@@ -38,79 +28,12 @@ HONEST_QUESTIONS = {
 UNSUPPORTED_POLICIES = ("raise", "warn")
 
 
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    backend: str = BACKEND_AUTO
-    device_count: Optional[int] = None
-    collective: Optional[str] = None
-    report: bool = False
-    report_json: Optional[str] = None
-    honest: frozenset = frozenset()
-    unsupported: str = "raise"
-
-    def is_honest(self, question: str) -> bool:
-        return question in self.honest
-
-    def as_kwargs(self) -> dict:
-        """These settings as the keyword arguments of ``load()`` / ``activate()``."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-
-    def to_environ(self) -> dict:
-        """The environment that makes a child interpreter load these same settings."""
-        env = {ENV_BACKEND: self.backend, ENV_UNSUPPORTED: self.unsupported,
-               ENV_REPORT: "1" if self.report else "0"}
-        if self.device_count is not None:
-            env[ENV_DEVICE_COUNT] = str(self.device_count)
-        if self.collective:
-            env[ENV_COLLECTIVE] = self.collective
-        if self.report_json:
-            env[ENV_REPORT_JSON] = self.report_json
-        if self.honest:
-            env[ENV_HONEST] = ",".join(sorted(self.honest))
-        return env
-
-
-def load(environ: Optional[Mapping[str, str]] = None, **overrides) -> Settings:
-    """Build Settings from keyword arguments, then the environment, then defaults.
-
-    Raises ValueError with one clear line for any malformed value.
-    """
-    environ = os.environ if environ is None else environ
-    fields = {f.name for f in dataclasses.fields(Settings)}
-    unknown = set(overrides) - fields
-    if unknown:
-        raise TypeError(f"unknown cudashim setting(s): {', '.join(sorted(unknown))}; "
-                        f"valid: {', '.join(sorted(fields))}")
-    given = {k: v for k, v in overrides.items() if v is not None}
-
-    def pick(name, env_name, parse):
-        if name in given:
-            return parse(given[name], f"{name}=")
-        raw = environ.get(env_name)
-        if raw is None or raw == "":
-            return dataclasses.fields(Settings)[_index(name)].default
-        return parse(raw, f"{env_name}=")
-
-    return Settings(
-        backend=pick("backend", ENV_BACKEND, _parse_backend),
-        device_count=pick("device_count", ENV_DEVICE_COUNT, _parse_count),
-        collective=pick("collective", ENV_COLLECTIVE, _parse_collective),
-        report=pick("report", ENV_REPORT, _parse_bool),
-        report_json=pick("report_json", ENV_REPORT_JSON, lambda v, _: str(v)),
-        honest=pick("honest", ENV_HONEST, _parse_honest),
-        unsupported=pick("unsupported", ENV_UNSUPPORTED, _parse_unsupported),
-    )
-
-
-def _index(name: str) -> int:
-    return [f.name for f in dataclasses.fields(Settings)].index(name)
-
-
+# --- parsers: (value, where) -> the checked value; ``where`` names the source in errors ----
 def _parse_backend(value, where):
     name = str(value).strip().lower()
     if not name:
         raise ValueError(f"{where}: empty backend name")
-    return name
+    return backends.check_name(name)          # UnknownBackendError is a ValueError
 
 
 def _parse_collective(value, where):
@@ -145,14 +68,17 @@ def _parse_bool(value, where):
     raise ValueError(f"{where}{value!r}: expected one of 1/0, true/false, yes/no, on/off")
 
 
-def _parse_honest(value, where):
-    items = value.split(",") if isinstance(value, str) else list(value)
-    chosen = frozenset(i.strip() for i in items if i.strip())
-    bad = chosen - set(HONEST_QUESTIONS)
-    if bad:
-        raise ValueError(f"{where}: unknown question(s) {', '.join(sorted(bad))}; "
-                         f"valid: {', '.join(sorted(HONEST_QUESTIONS))}")
-    return chosen
+def _name_set(valid: Callable[[], Tuple[str, ...]], what: str):
+    """A parser for a comma-separated set of names, each one of ``valid()``."""
+    def parse(value, where):
+        items = value.split(",") if isinstance(value, str) else list(value)
+        chosen = frozenset(i.strip() for i in items if i.strip())
+        bad = chosen - set(valid())
+        if bad:
+            raise ValueError(f"{where}: unknown {what} {', '.join(sorted(bad))}; "
+                             f"valid: {', '.join(valid())}")
+        return chosen
+    return parse
 
 
 def _parse_unsupported(value, where):
@@ -160,3 +86,114 @@ def _parse_unsupported(value, where):
     if text not in UNSUPPORTED_POLICIES:
         raise ValueError(f"{where}{value!r}: expected one of {', '.join(UNSUPPORTED_POLICIES)}")
     return text
+
+
+def _format_plain(value) -> Optional[str]:
+    return None if value is None else str(value)
+
+
+def _format_bool(value) -> str:
+    return "1" if value else "0"
+
+
+def _format_set(value) -> Optional[str]:
+    return ",".join(sorted(value)) if value else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    name: str                        # keyword argument, Settings field, --option (dashed)
+    env: str                         # the environment variable
+    default: Any
+    parse: Callable[[Any, str], Any]
+    help: str
+    metavar: Optional[str] = None    # None: a flag (--report), not an option with a value
+    format: Callable[[Any], Optional[str]] = _format_plain   # value -> environment text
+    choices: Optional[Tuple[str, ...]] = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+OPTIONS: Tuple[Option, ...] = (
+    Option("backend", "CUDASHIM_BACKEND", backends.AUTO, _parse_backend, metavar="NAME",
+           help="target backend: auto (default), or one of the backends `cudashim doctor` lists"),
+    Option("device_count", "CUDASHIM_DEVICE_COUNT", None, _parse_count, metavar="N",
+           help="virtual CUDA devices on the CPU backend (default 1, or as many as "
+                "CUDA_VISIBLE_DEVICES lists)"),
+    Option("collective", "CUDASHIM_COLLECTIVE", None, _parse_collective, metavar="LIBRARY",
+           help="the torch.distributed backend NCCL becomes (default: the backend's own)"),
+    Option("report", "CUDASHIM_REPORT", False, _parse_bool, format=_format_bool,
+           help="print at exit which CUDA APIs ran, how often, what each became"),
+    Option("report_json", "CUDASHIM_REPORT_JSON", None, lambda value, where: str(value),
+           metavar="PATH", help="also write the report as JSON (RANK=3 writes PATH.rank3.json)"),
+    Option("honest", "CUDASHIM_HONEST", frozenset(),
+           _name_set(lambda: tuple(HONEST_QUESTIONS), "question(s)"), metavar="Q[,Q]",
+           format=_format_set, help="answer these truthfully: " + ", ".join(HONEST_QUESTIONS)),
+    Option("unsupported", "CUDASHIM_UNSUPPORTED", "raise", _parse_unsupported,
+           choices=UNSUPPORTED_POLICIES,
+           help="raise for unsupported CUDA APIs, or warn once and do nothing for harmless "
+                "ones (nvtx, profiler ranges, TunableOp)"),
+    Option("disable", "CUDASHIM_DISABLE", frozenset(),
+           _name_set(lambda: patches.GROUPS, "patch group(s)"), metavar="GROUP[,GROUP]",
+           format=_format_set,
+           help="leave these patch groups off (`cudashim doctor` lists them): "
+                + ", ".join(patches.GROUPS)),
+)
+BY_NAME = {option.name: option for option in OPTIONS}
+
+
+def env_var(name: str) -> str:
+    """The environment variable of setting ``name``."""
+    return BY_NAME[name].env
+
+
+class _SettingsMethods:
+    def is_honest(self, question: str) -> bool:
+        return question in self.honest
+
+    def is_enabled(self, group: str) -> bool:
+        return group not in self.disable
+
+    def as_kwargs(self) -> dict:
+        """These settings as the keyword arguments of ``load()`` / ``activate()``."""
+        return {option.name: getattr(self, option.name) for option in OPTIONS}
+
+    def to_environ(self) -> dict:
+        """The environment that makes a child interpreter load these same settings."""
+        env = {}
+        for option in OPTIONS:
+            text = option.format(getattr(self, option.name))
+            if text is not None:
+                env[option.env] = text
+        return env
+
+
+Settings = dataclasses.make_dataclass(
+    "Settings", [(o.name, Any, dataclasses.field(default=o.default)) for o in OPTIONS],
+    bases=(_SettingsMethods,), frozen=True, namespace={"__module__": __name__,
+                                                      "__doc__": "The settings in force (see OPTIONS)."})
+
+
+def load(environ: Optional[Mapping[str, str]] = None, **overrides) -> "Settings":
+    """Build Settings from keyword arguments, then the environment, then defaults.
+
+    Raises ValueError with one clear line for any malformed value, TypeError for a keyword
+    that is no setting.
+    """
+    environ = os.environ if environ is None else environ
+    unknown = set(overrides) - set(BY_NAME)
+    if unknown:
+        raise TypeError(f"unknown cudashim setting(s): {', '.join(sorted(unknown))}; "
+                        f"valid: {', '.join(BY_NAME)}")
+    values = {}
+    for option in OPTIONS:
+        given = overrides.get(option.name)
+        if given is not None:
+            values[option.name] = option.parse(given, f"{option.name}=")
+            continue
+        raw = environ.get(option.env)
+        if raw is not None and raw != "":
+            values[option.name] = option.parse(raw, f"{option.env}=")
+    return Settings(**values)

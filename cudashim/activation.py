@@ -1,118 +1,222 @@
 """activate() / deactivate(): choose a backend, apply every patch, undo them all.
 
-``activate`` is idempotent and thread-safe. When torch is not imported yet it arms a
-post-import hook and patches the moment torch finishes importing, so it works before or
-after ``import torch``.
+``activate`` builds one ``Activation`` (the settings, the backend and why it was chosen, the
+patch registry, the device translator and the report) and hands it to every patch group
+and to the proxy ``torch.cuda``; nothing reaches for them through module globals. It is
+idempotent and thread-safe. When torch is not imported yet it arms a post-import hook and
+patches the moment torch finishes importing, so it works before or after ``import torch``,
+and also from code that torch itself runs while it imports (a ``torch.backends`` entry
+point, a post-import hook of a module torch imports).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import logging
 import sys
+import threading
+import types
+from typing import Any, Callable, Optional
 
 import wrapt
 
-from . import _settings, _state, backends
+from . import _settings, backends
 from .errors import warn_once
+from .registry import PatchRegistry
 
 log = logging.getLogger(__name__)
 
 
-def activate(backend: str = None, **settings):
+@dataclasses.dataclass(eq=False)
+class Activation:
+    """One activation, handed to everything that patches for it."""
+    settings: Any
+    backend: Any
+    reason: str                        # why this backend was chosen
+    registry: PatchRegistry
+    translator: Any = None             # translation.DeviceTranslator (None when passing through)
+    report: Any = None                 # report.Report, when the report is on
+    live: bool = True                  # False once deactivated: late hooks then patch nothing
+
+    def replace(self, owner, name: str, make: Callable[[Any], Any]):
+        """Patch ``owner.name`` with ``make(original)``; return the replacement."""
+        replacement = make(wrapt.resolve_path(owner, name)[2])
+        self.registry.set_attr(owner, name, replacement)
+        return replacement
+
+
+_lock = threading.RLock()
+_current: Optional[Activation] = None      # the activation in force, once torch is patched
+_pending = None                            # Settings waiting for torch to finish importing
+
+
+def activate(backend: str = None, *, settings=None, **options):
     """Redirect CUDA to the target backend. Returns the Backend, or None while torch is
-    not imported yet (patching then happens when it is)."""
-    with _state.LOCK:
-        chosen = _settings.load(backend=backend, **settings)
-        backends.check_name(chosen.backend)
-        if _state.ACTIVE.settings is not None:
-            if chosen != _state.ACTIVE.settings and (backend is not None or settings):
+    not imported yet, or still importing in this thread (patching happens when it is).
+
+    ``settings`` takes a loaded ``Settings`` object (the launcher's); otherwise keyword
+    options beat ``CUDASHIM_*`` variables, which beat the defaults.
+    """
+    global _pending
+    if settings is not None and (backend is not None or options):
+        raise TypeError("activate() takes settings= or keyword options, not both")
+    with _lock:
+        chosen = settings if settings is not None else _settings.load(backend=backend, **options)
+        if _current is not None or _pending is not None:
+            in_force = _current.settings if _current is not None else _pending
+            if chosen != in_force and (settings is not None or backend is not None or options):
                 warn_once("activate-twice", "cudashim is already active; the new settings are "
                           "ignored (call cudashim.deactivate() first)")
-            return _state.ACTIVE.backend
-        _state.ACTIVE.settings = chosen
-        if _torch_imported():
-            try:
-                return _install(chosen)
-            except BaseException:
-                _state.ACTIVE.settings = _state.ACTIVE.backend = None    # nothing is active
-                raise
-        _state.ACTIVE.armed = True
-        wrapt.register_post_import_hook(_on_torch_imported, "torch")
-        return None
+            return _current.backend if _current is not None else None
+        torch = sys.modules.get("torch")
+        if torch is not None and not _initializing(torch):
+            return _activate_now(chosen).backend
+        _pending = chosen
+        if torch is None:
+            wrapt.register_post_import_hook(_on_torch_imported, "torch")
+            return None
+    _when_torch_half_imported(torch)       # outside the lock: it may wait for another thread
+    return current_backend()               # None while this thread is inside torch's import
 
 
-def _torch_imported() -> bool:
-    torch = sys.modules.get("torch")
-    # A torch module still executing its __init__ has no 'cuda' attribute yet.
-    return torch is not None and hasattr(torch, "cuda") and hasattr(torch, "Tensor")
+def _activate_now(settings) -> Activation:
+    """Build and install the activation (torch is imported); nothing is left active on error."""
+    global _current
+    try:
+        _current = _install(settings)
+    except BaseException:
+        _current = None
+        raise
+    return _current
+
+
+def _initializing(module: types.ModuleType) -> bool:
+    """Whether ``module`` is still executing its body (importlib marks its spec so)."""
+    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
+
+
+def _when_torch_half_imported(torch) -> None:
+    """Call ``_on_torch_imported`` once torch is whole.
+
+    wrapt fires a post-import hook at once when the name is in ``sys.modules``, which it is
+    while torch is still importing; so a half-imported torch is waited for here instead.
+    """
+    body = _frame_running(torch)
+    if body is None:                   # another thread imports torch: wait for its lock
+        _on_torch_imported(importlib.import_module("torch"))
+    else:                              # this thread is inside torch's own import
+        _after_return(body, lambda: _on_torch_imported(torch))
+
+
+def _frame_running(module: types.ModuleType):
+    """The frame executing ``module``'s body in this thread, or None."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_globals is vars(module) and frame.f_code.co_name == "<module>":
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def _after_return(frame, callback) -> None:
+    """Run ``callback`` when ``frame`` returns, through this thread's profile hook (the only
+    event Python offers for it), chaining to a Python-level profiler that was set."""
+    previous = sys.getprofile()
+    if previous is not None and not callable(previous):
+        warn_once("activate-in-import", "cudashim did not activate: it was asked to while torch "
+                  "was importing, under a profiler; activate after 'import torch' instead")
+        return
+
+    def profile(current, event, arg):
+        if previous is not None:
+            previous(current, event, arg)
+        if event == "return" and current is frame:
+            sys.setprofile(previous)
+            callback()
+
+    sys.setprofile(profile)
 
 
 def _on_torch_imported(torch_module) -> None:
-    with _state.LOCK:
-        if not _state.ACTIVE.armed or _state.ACTIVE.backend is not None:
+    global _pending
+    with _lock:
+        settings, _pending = _pending, None
+        if settings is None or _current is not None:
             return                     # deactivated meanwhile, or already installed
         try:
-            _install(_state.ACTIVE.settings)
+            _activate_now(settings)
         except Exception as exc:       # an import must not fail because of cudashim
-            _state.ACTIVE.settings = None
-            _state.ACTIVE.armed = False
             warn_once("hook-failed", f"cudashim did not activate: {exc}", stacklevel=2)
 
 
-def _install(settings):
-    from .devices import DeviceTranslator
-    from .patches import ORDER, PatchContext
+def _install(settings) -> Activation:
+    from . import patches
     from .report import Report
+    from .translation import DeviceTranslator
 
     backend_cls, reason = backends.resolve(settings.backend)
     backend = backend_cls(settings)
-    _state.ACTIVE.backend, _state.ACTIVE.reason, _state.ACTIVE.armed = backend, reason, False
+    registry = PatchRegistry()
     if not backend.redirects:
         log.info("cudashim: real CUDA is available; passing through, nothing patched (%s)", reason)
-        return backend
+        return Activation(settings, backend, reason, registry)
     report = Report(backend.name) if (settings.report or settings.report_json) else None
-    ctx = PatchContext(_state.REGISTRY, backend, DeviceTranslator(backend, report), settings, report)
+    activation = Activation(settings, backend, reason, registry,
+                            DeviceTranslator(backend, report), report)
     try:
-        for group in ORDER:
-            importlib.import_module(f"{__package__}.patches.{group}").install(ctx)
-    except Exception:
-        _state.REGISTRY.revert_all()   # never leave torch half-patched
-        _state.ACTIVE.backend = _state.ACTIVE.settings = None
+        patches.apply_all(activation)
+    except BaseException:
+        activation.live = False
+        registry.revert_all()          # never leave torch half-patched
         raise
     if report is not None:
         report.write_at_exit(settings.report_json, settings.report)
     log.info("cudashim: CUDA redirected to %s, %s; %d patches", backend.describe(), reason,
-             len(_state.REGISTRY))
-    return backend
+             len(registry))
+    return activation
 
 
 def deactivate() -> None:
     """Restore every patched attribute and sys.modules entry to the original object."""
-    with _state.LOCK:
-        _state.REGISTRY.revert_all()
-        _state.ACTIVE.settings = _state.ACTIVE.backend = None
-        _state.ACTIVE.armed = False
-        _state.ACTIVE.reason = ""
+    global _current, _pending
+    with _lock:
+        if _current is not None:
+            _current.live = False
+            _current.registry.revert_all()
+        _current = _pending = None
 
 
 def is_active() -> bool:
     """True once activate() was called and until deactivate() (patches may be waiting for
     torch to be imported)."""
-    return _state.ACTIVE.settings is not None
+    return _current is not None or _pending is not None
+
+
+def current_activation() -> Optional[Activation]:
+    """The Activation in force (None before torch is patched, and after deactivation)."""
+    return _current
 
 
 def current_backend():
     """The Backend in force, or None."""
-    return _state.ACTIVE.backend
+    return _current.backend if _current is not None else None
+
+
+def get_original(owner, name: str):
+    """``owner.name`` as it was before cudashim patched it (itself when unpatched)."""
+    activation = _current
+    if activation is None:
+        return getattr(owner, name)
+    return activation.registry.original(owner, name)
 
 
 @contextlib.contextmanager
-def activated(backend: str = None, **settings):
+def activated(backend: str = None, *, settings=None, **options):
     """``with cudashim.activated():`` redirects CUDA inside the block only."""
     was_active = is_active()
-    result = activate(backend, **settings)
+    result = activate(backend, settings=settings, **options)
     try:
         yield result
     finally:

@@ -14,28 +14,22 @@ from typing import List, Optional
 
 from . import __version__, _settings, backends
 
-_VALUE_OPTIONS = {"--backend", "--device-count", "--collective", "--report-json", "--honest", "--unsupported"}
+# Options that take a value, so that split_program() steps over it.
+_VALUE_OPTIONS = {option.flag for option in _settings.OPTIONS if option.metavar or option.choices}
 
 
 def _add_setting_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backend", metavar="NAME",
-                        help=f"target backend: auto (default), {', '.join(backends.names())} "
-                             f"[{_settings.ENV_BACKEND}]")
-    parser.add_argument("--device-count", type=int, metavar="N",
-                        help=f"virtual CUDA devices on the CPU backend [{_settings.ENV_DEVICE_COUNT}]")
-    parser.add_argument("--collective", metavar="LIBRARY",
-                        help=f"the torch.distributed backend NCCL becomes (default: the "
-                             f"backend's own) [{_settings.ENV_COLLECTIVE}]")
-    parser.add_argument("--report", action="store_true", default=None,
-                        help=f"print at exit which CUDA APIs ran and what each became [{_settings.ENV_REPORT}]")
-    parser.add_argument("--report-json", metavar="PATH",
-                        help=f"also write the report as JSON (per rank) [{_settings.ENV_REPORT_JSON}]")
-    parser.add_argument("--honest", metavar="Q[,Q]",
-                        help=f"answer these truthfully: {', '.join(_settings.HONEST_QUESTIONS)} "
-                             f"[{_settings.ENV_HONEST}]")
-    parser.add_argument("--unsupported", choices=_settings.UNSUPPORTED_POLICIES,
-                        help=f"raise for unsupported CUDA APIs, or warn once and do nothing for "
-                             f"harmless ones (nvtx, profiler ranges) [{_settings.ENV_UNSUPPORTED}]")
+    """One command-line option per setting, derived from the settings table."""
+    for option in _settings.OPTIONS:
+        help_text = f"{option.help} [{option.env}]"
+        if option.name == "backend":
+            help_text = f"target backend: auto (default), {', '.join(backends.BUILT_IN)} [{option.env}]"
+        if option.metavar is None and option.choices is None:
+            parser.add_argument(option.flag, dest=option.name, action="store_true", default=None,
+                                help=help_text)
+        else:
+            parser.add_argument(option.flag, dest=option.name, metavar=option.metavar,
+                                choices=option.choices, help=help_text)
 
 
 def run_parser(prog: str) -> argparse.ArgumentParser:
@@ -93,12 +87,9 @@ def run_main(argv: Optional[List[str]] = None, prog: str = "python -m cudashim")
 
 def _load_settings(parser, ns):
     try:
-        fields = _settings.Settings().as_kwargs()
-        settings = _settings.load(**{name: getattr(ns, name) for name in fields})
-        backends.check_name(settings.backend)
-    except ValueError as exc:
+        return _settings.load(**{option.name: getattr(ns, option.name) for option in _settings.OPTIONS})
+    except ValueError as exc:                  # an unknown backend is a ValueError too
         parser.error(str(exc))
-    return settings
 
 
 def _activate(settings) -> None:
@@ -107,7 +98,7 @@ def _activate(settings) -> None:
     from . import activation
     from .errors import BackendUnavailableError
     try:
-        activation.activate(**settings.as_kwargs())
+        activation.activate(settings=settings)
     except BackendUnavailableError as exc:
         sys.stderr.write(f"cudashim: error: {exc}\n")
         raise SystemExit(2) from None

@@ -7,6 +7,7 @@ CUDA-style program runs.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import platform
 import sys
@@ -47,7 +48,7 @@ def self_check() -> None:
 def doctor(settings) -> int:
     import torch
 
-    from . import activation
+    from . import activation, patches
 
     out = sys.stdout.write
     out(f"cudashim {__version__}\n")
@@ -61,8 +62,8 @@ def doctor(settings) -> int:
         out(f"  {package:30s} {'found' if module_found(package) else 'not installed'}\n")
 
     try:
-        with activation.activated(**_as_kwargs(settings)) as backend:
-            reason = activation._state.ACTIVE.reason
+        with activation.activated(settings=_without_report(settings)) as backend:
+            reason = activation.current_activation().reason
             out(f"chosen backend: {backend.describe()}, {reason}\n")
             out(f"devices: {backend.device_count()} ({backend.get_device_name(None)})\n")
             try:
@@ -73,6 +74,9 @@ def doctor(settings) -> int:
                 f"{q}={'honest' if settings.is_honest(q) else 'compatible'}"
                 for q in ("is_available", "is_cuda")) +
                 f", unsupported APIs: {settings.unsupported}, report: {'on' if settings.report else 'off'}\n")
+            out("patch groups:\n")
+            for name, off in patches.states(settings):
+                out(f"  {name:15s} {'on' if off is None else 'off: ' + off}  ({patches.summary(name)})\n")
             if not backend.redirects:
                 out("self-check: skipped (real CUDA, nothing is redirected)\n")
                 return 0
@@ -85,5 +89,5 @@ def doctor(settings) -> int:
     return 0
 
 
-def _as_kwargs(settings) -> dict:
-    return {**settings.as_kwargs(), "report": False, "report_json": None}   # doctor writes no report
+def _without_report(settings):
+    return dataclasses.replace(settings, report=False, report_json=None)   # doctor writes no report

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from conftest import FAKES, python, use_fake_vendor
+from conftest import FAKES, fake_vendor_path, python, use_fake_vendor
 
 from cudashim import backends
 from cudashim._settings import load
@@ -121,7 +121,7 @@ def check_contract(backend, device_type):
     assert isinstance(collective, str) and collective != "nccl"
     assert collective in answer("process_group_backend")
     assert backend.name in answer("describe")
-    assert answer_property("module") is torch.get_device_module(device_type)
+    assert answer("device_module") is torch.get_device_module(device_type) is backend.module
     for name in ("absent_reason", "device_absent_reason", "vendor_package_found", "choose_collective"):
         answered.add(name)                                    # asked by resolve() and collective
     missing = set(interface_methods()) - answered
@@ -219,8 +219,9 @@ def test_generic_backend_falls_back_to_torch_accelerator_where_the_module_is_sil
 def test_generic_backend_leaves_listed_accelerators_to_their_own_backend():
     use_fake_vendor("npu")
     importlib.import_module("torch_npu")
-    reason = backends.backend_class("accelerator").absent_reason()
-    assert "'npu', which has its own backend" in reason
+    assert "'npu', which has its own backend 'npu'" in backends.survey()["accelerator"]
+    with pytest.raises(BackendUnavailableError, match="has its own backend 'npu'"):
+        backends.resolve("accelerator")
 
 
 def test_mps_is_one_device_on_gloo():
@@ -281,11 +282,61 @@ def test_the_setting_beats_detection():
     assert torch.zeros(1, device="cuda").device.type == "cpu"
 
 
-def test_detection_follows_the_documented_order():
-    assert backends.DETECTION_ORDER == ("cuda", "xpu", "npu", "hpu", "mps", "accelerator", "cpu")
-    use_fake_vendor("npu")
-    use_fake_vendor("xpu")                                   # both present: XPU comes first
-    assert backends.resolve("auto")[0].name == "xpu"
+def _make_present(name, monkeypatch):
+    if name == "cuda":                 # real CUDA: only its check is faked (test_passthrough.py)
+        from cudashim.backends.cuda import CUDABackend
+        monkeypatch.setattr(CUDABackend, "absent_reason", classmethod(lambda cls: None))
+    elif name != "cpu":
+        install_fake(name)
+
+
+# Each documented neighbour pair that the fakes can make present together (one PrivateUse1
+# rename per process, so npu, hpu and the generic accelerator never meet).
+ORDERED_PAIRS = [("cuda", "xpu"), ("cuda", "npu"), ("xpu", "npu"), ("xpu", "hpu"), ("npu", "mps"),
+                 ("hpu", "mps"), ("mps", "accelerator"), ("xpu", "accelerator"), ("accelerator", "cpu"),
+                 ("mps", "cpu")]
+
+
+@pytest.mark.parametrize("first, second", ORDERED_PAIRS)
+@pytest.mark.parametrize("installed_first", [True, False], ids=["installed-in-order", "installed-reversed"])
+def test_detection_picks_the_earlier_of_two_present_backends(first, second, installed_first, monkeypatch):
+    order = backends.detection_order()
+    assert order.index(first) < order.index(second)
+    for name in ((first, second) if installed_first else (second, first)):
+        _make_present(name, monkeypatch)
+    assert backends.resolve("auto")[0].name == first
+    assert backends.survey()[second] == "present"
+
+
+def test_a_vendor_package_adds_a_backend_through_an_entry_point(tmp_path):
+    """A package cudashim has no code for registers ``cudashim.backends``; detection tries it
+    before the generic backend, which leaves its device type to it."""
+    (tmp_path / "musa_shim_backend.py").write_text(
+        "from cudashim.backends.accelerator import AcceleratorBackend\n"
+        "class MusaBackend(AcceleratorBackend):\n"
+        "    name = 'musa'\n"
+        "    device_type = 'musa'\n"
+        "    visible_devices_var = 'MUSA_VISIBLE_DEVICES'\n"
+        "    def __init__(self, settings):\n"
+        "        super().__init__(settings)\n"
+        "        self.device_type = 'musa'\n")
+    dist_info = tmp_path / "musa_shim_backend-1.0.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: musa-shim-backend\nVersion: 1.0\n")
+    (dist_info / "entry_points.txt").write_text("[cudashim.backends]\nmusa = musa_shim_backend:MusaBackend\n")
+    code = ("import torch, torch_musa, cudashim\n"
+            "from cudashim import backends\n"
+            "torch_musa._autoload()\n"
+            "print(backends.detection_order())\n"
+            "print(backends.survey()['accelerator'])\n"
+            "backend = cudashim.activate()\n"
+            "print(backend.name, backend.visible_devices_var, torch.zeros(1, device='cuda').device)\n")
+    result = python("-c", code, env={"PYTHONPATH": os.pathsep.join([str(tmp_path), fake_vendor_path("musa")])})
+    assert result.returncode == 0, result.stderr
+    order, generic, chosen = result.stdout.strip().splitlines()
+    assert order == str(("cuda", "xpu", "npu", "hpu", "mps", "musa", "accelerator", "cpu"))
+    assert "which has its own backend 'musa'" in generic
+    assert chosen == "musa MUSA_VISIBLE_DEVICES musa:0"
 
 
 def test_a_broken_vendor_package_is_reported_and_detection_moves_on(tmp_path):
@@ -309,3 +360,20 @@ def test_doctor_shows_every_backend_and_why_it_is_absent():
     assert "chosen backend: npu" in result.stdout
     assert "NCCL becomes 'cpu:gloo,npu:hccl'" in result.stdout
     assert "self-check: pass" in result.stdout
+
+
+@pytest.mark.parametrize("name", ["npu", "accelerator"])
+def test_delegated_calls_reach_the_device_module_without_passing_through_the_shim(name, monkeypatch):
+    """The backend resolves its device module once, before patching: a torch.cuda call on the
+    target never goes back through cudashim's own torch.get_device_module patch."""
+    import cudashim
+    install_fake(name)
+    backend = cudashim.activate(name)
+    calls = []
+    patched = torch.get_device_module
+    monkeypatch.setattr(torch, "get_device_module", lambda *args: calls.append(args) or patched(*args))
+    torch.cuda.synchronize()
+    torch.cuda.memory_allocated(0)
+    torch.cuda.current_stream()
+    assert torch.cuda.device_count() == backend.device_count() >= 1
+    assert calls == []

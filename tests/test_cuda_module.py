@@ -7,7 +7,7 @@ import torch
 
 def test_proxy_is_installed_everywhere_torch_cuda_is_reached(shim):
     proxy = sys.modules["torch.cuda"]
-    assert torch.cuda is proxy and proxy is not shim._state.real(torch, "cuda")
+    assert torch.cuda is proxy and proxy is not shim.get_original(torch, "cuda")
     import torch.cuda.amp as amp
     from torch.cuda.amp import GradScaler, autocast
     assert amp is sys.modules["torch.cuda.amp"] is torch.cuda.amp
@@ -15,7 +15,7 @@ def test_proxy_is_installed_everywhere_torch_cuda_is_reached(shim):
     for sub in ("nvtx", "random", "memory", "streams", "graphs", "amp"):
         assert sys.modules[f"torch.cuda.{sub}"] is getattr(torch.cuda, sub)
     assert torch.cuda.memory.memory_allocated is torch.cuda.memory_allocated
-    assert torch.cuda._is_compiled is shim._state.real(torch, "cuda")._is_compiled
+    assert torch.cuda._is_compiled is shim.get_original(torch, "cuda")._is_compiled
 
 
 def test_rng_calls_drive_the_cpu_generator(shim):

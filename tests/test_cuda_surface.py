@@ -5,6 +5,8 @@ import types
 import torch
 
 from cudashim.proxy import surface
+from cudashim.proxy.forwarders import forwarded_names
+from cudashim.proxy.implementation import IMPLEMENTATIONS
 
 
 def test_every_public_name_is_classified():
@@ -16,20 +18,42 @@ def test_every_public_name_is_classified():
     assert missing == [], f"classify these in cudashim/proxy/surface.py: {missing}"
 
 
-def test_table_names_exist_in_torch():
-    """A name torch removed should leave the table too."""
-    stale = []
-    reals = {m.__name__: m for m in surface.real_submodules(torch.cuda)}
+def _sources():
+    """{module name: {name: where cudashim declares it}} over the table, the
+    implementations and the Backend's torch.cuda methods."""
+    sources = {}
     for module_name, names in surface.SURFACE.items():
-        module = reals.get(module_name)
         for name in names:
-            if module is None or not hasattr(module, name):
-                stale.append(f"{module_name}.{name}")
+            sources.setdefault(module_name, {}).setdefault(name, []).append("surface table")
+    for module_name, cls in IMPLEMENTATIONS.items():
+        for name in cls.implements():
+            sources.setdefault(module_name, {}).setdefault(name, []).append(cls.__name__)
+    for name in forwarded_names():
+        sources.setdefault("torch.cuda", {}).setdefault(name, []).append("Backend")
+    return sources
+
+
+def test_names_declared_by_cudashim_exist_in_torch():
+    """A name torch removed should leave the table, the implementation or the Backend too."""
+    reals = {m.__name__: m for m in surface.real_submodules(torch.cuda)}
+    stale = [f"{module_name}.{name} ({', '.join(where)})"
+             for module_name, names in _sources().items() for name, where in names.items()
+             if module_name not in reals or not hasattr(reals[module_name], name)]
     assert stale == []
 
 
+def test_each_name_has_one_source():
+    """A torch.cuda name is forwarded, implemented, or given a reason: never two of them."""
+    twice = [f"{module_name}.{name}: {', '.join(where)}"
+             for module_name, names in _sources().items() for name, where in names.items()
+             if len(where) > 1]
+    assert twice == []
+    assert {"synchronize", "memory_allocated", "Stream"} <= set(forwarded_names())
+    assert {"is_available", "set_device", "FloatTensor"} <= set(IMPLEMENTATIONS["torch.cuda"].implements())
+
+
 def test_every_name_resolves_on_the_proxy(shim):
-    real_top = shim._state.real(torch, "cuda")
+    real_top = shim.get_original(torch, "cuda")
     import sys
     for module in surface.real_submodules(real_top):
         proxy = sys.modules[module.__name__]

@@ -4,7 +4,7 @@ import torch
 
 @pytest.mark.parametrize("spec", ["cuda:x", "cuda:-1", "cudax", "cuda:1:2", "gpu"])
 def test_malformed_specs_fail_exactly_as_torch_fails(shim, spec):
-    real = shim._state.real(torch, "device")
+    real = shim.get_original(torch, "device")
     with pytest.raises(RuntimeError) as expected:
         real(spec)
     for attempt in (lambda: torch.zeros(1, device=spec), lambda: torch.ones(1).to(spec),
@@ -30,14 +30,14 @@ def test_every_spelling_lands_on_the_target(shim, spec):
 
 def test_torch_device_proxy_keeps_isinstance_and_equality(shim):
     d = torch.device("cuda", 0)
-    assert isinstance(d, torch.device) and type(d) is shim._state.real(torch, "device")
+    assert isinstance(d, torch.device) and type(d) is shim.get_original(torch, "device")
     assert torch.ones(1, device="cuda").device == torch.device("cuda")
     assert torch.device(0) == torch.device("cpu")
     assert torch.device("meta").type == "meta"
 
 
 def test_translator_caches_and_leaves_non_cuda_specs_alone(shim):
-    from cudashim.devices import DeviceTranslator
+    from cudashim.translation import DeviceTranslator
     t = DeviceTranslator(shim.current_backend())
     cpu = torch.device("cpu")
     assert t.translate("cpu") == "cpu" and t.translate(cpu) is cpu

@@ -76,8 +76,8 @@ def test_concurrent_activation_patches_once():
     for t in threads:
         t.join()
     assert len({id(r) for r in results}) == 1
-    from cudashim import _state
-    names = [(id(p.owner), p.name) for p in _state.REGISTRY]
+    registry = cudashim.activation.current_activation().registry
+    names = [(id(p.owner), p.name) for p in registry]
     assert len(names) == len(set(names)), "something was patched twice"
     cudashim.deactivate()
 
@@ -119,12 +119,65 @@ def test_activated_context_manager_scopes_the_shim():
 def test_a_failed_activation_leaves_nothing_active():
     import torch
     import cudashim
-    from cudashim import _state
     from cudashim.errors import BackendUnavailableError
 
     with pytest.raises(BackendUnavailableError, match="no working CUDA device"):
         cudashim.activate("cuda")
-    assert not cudashim.is_active() and len(_state.REGISTRY) == 0
+    assert not cudashim.is_active() and cudashim.activation.current_activation() is None
     assert torch.Tensor.to is torch._C.TensorBase.to
     assert cudashim.activate("cpu").name == "cpu"
     cudashim.deactivate()
+
+
+def test_one_activation_object_holds_what_was_chosen_and_is_handed_to_the_patches():
+    import torch
+    import cudashim
+    from cudashim.registry import PatchRegistry
+    cudashim.activate("cpu", report=True)
+    activation = cudashim.activation.current_activation()
+    assert activation.backend is cudashim.current_backend() and activation.backend.name == "cpu"
+    assert activation.settings.backend == "cpu" and activation.reason == "named explicitly"
+    assert isinstance(activation.registry, PatchRegistry) and len(activation.registry) > 50
+    assert activation.report is not None and activation.translator.report is activation.report
+    assert cudashim.get_original(torch, "zeros") is not torch.zeros
+    cudashim.deactivate()
+    assert not activation.live and len(activation.registry) == 0
+    assert cudashim.get_original(torch, "zeros") is torch.zeros
+
+
+@pytest.mark.parametrize("hook_module", [
+    "torch._utils_internal",      # early in torch's __init__: no torch.Tensor yet
+    "torch.backends.mps",         # late: most of torch is there
+])
+def test_activation_asked_for_while_torch_imports_waits_for_the_import_to_finish(hook_module):
+    """A post-import hook of a module torch imports (or a torch.backends entry point) runs
+    while torch is half-imported; activation then happens when torch's import finishes."""
+    code = (
+        "import sys, warnings, wrapt, cudashim\n"
+        "warnings.simplefilter('error')\n"
+        f"wrapt.register_post_import_hook(lambda m: cudashim.activate('cpu'), {hook_module!r})\n"
+        "import torch\n"
+        "assert sys.getprofile() is None\n"
+        "print(torch.zeros(2, device='cuda').is_cuda, cudashim.current_backend().name)\n")
+    result = python("-c", code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "True cpu"
+
+
+def test_activation_from_another_thread_waits_for_torch_to_finish_importing():
+    code = (
+        "import sys, threading, time, cudashim, wrapt\n"
+        "started = threading.Event()\n"
+        "def slow(module):\n"
+        "    started.set(); time.sleep(0.5)\n"
+        "wrapt.register_post_import_hook(slow, 'torch._utils_internal')\n"
+        "results = []\n"
+        "def other():\n"
+        "    started.wait(); results.append(cudashim.activate('cpu'))\n"
+        "thread = threading.Thread(target=other); thread.start()\n"
+        "import torch\n"
+        "thread.join()\n"
+        "print(results[0].name, torch.zeros(2, device='cuda').is_cuda)\n")
+    result = python("-c", code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "cpu True"

@@ -1,6 +1,6 @@
 import types
 
-from cudashim.patching import PatchRegistry
+from cudashim.registry import PatchRegistry
 
 
 class Base:

@@ -89,7 +89,7 @@ def test_default_device_generator_and_device_module(shim):
     assert torch.equal(torch.rand(3, generator=g, device="cuda"),
                        torch.rand(3, generator=torch.Generator().manual_seed(3)))
     assert torch.get_device_module("cuda") is torch.cuda
-    real_cuda_device = shim._state.real(torch, "device")("cuda:0")
+    real_cuda_device = shim.get_original(torch, "device")("cuda:0")
     assert torch.get_device_module(real_cuda_device) is torch.cuda
 
 

@@ -1,73 +1,128 @@
 """The backend table and detection.
 
-``BACKENDS`` maps every name a user may pass to its class; ``DETECTION_ORDER`` is the
-order in which ``auto`` tries them. A backend joins both here and nowhere else.
+``BUILT_IN`` maps every name cudashim ships to its class; ``DETECTION_ORDER`` is the order in
+which ``auto`` tries them. A built-in backend joins both here and nowhere else.
+
+A vendor package adds a backend without editing cudashim by declaring an entry point in the
+group ``cudashim.backends`` (``name = "package.module:BackendClass"``), as torch's own
+``torch.backends`` entry points and DeepSpeed's ``set_accelerator`` let vendors plug in.
+Such backends are tried after the built-in vendors and before the generic ``accelerator``
+backend, which then leaves their device type to them. Entry points are read only when a
+name is not built in or when ``auto`` detects, never by a Python that does not ask.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import logging
 from typing import Dict, Tuple, Type
 
-from .._settings import BACKEND_AUTO
 from ..errors import BackendUnavailableError, UnknownBackendError
 
 log = logging.getLogger(__name__)
 
-# name -> "module:Class", imported only when chosen, so no backend's vendor package is
-# imported unless that backend is used.
-BACKENDS: Dict[str, str] = {
-    "cuda": "cuda:CUDABackend",
-    "xpu": "xpu:XPUBackend",
-    "npu": "npu:NPUBackend",
-    "hpu": "hpu:HPUBackend",
-    "mps": "mps:MPSBackend",
-    "accelerator": "accelerator:AcceleratorBackend",
-    "cpu": "cpu:CPUBackend",
+AUTO = "auto"
+ENTRY_POINT_GROUP = "cudashim.backends"
+
+# name -> "module:Class" (relative to this package), imported only when tried, so no
+# backend's vendor package is imported unless that backend is used.
+BUILT_IN: Dict[str, str] = {
+    "cuda": ".cuda:CUDABackend",
+    "xpu": ".xpu:XPUBackend",
+    "npu": ".npu:NPUBackend",
+    "hpu": ".hpu:HPUBackend",
+    "mps": ".mps:MPSBackend",
+    "accelerator": ".accelerator:AcceleratorBackend",
+    "cpu": ".cpu:CPUBackend",
 }
 
 # Explicit setting first (handled by resolve), then real CUDA (pass-through), XPU, NPU,
-# HPU, MPS, any other accelerator torch.accelerator reports, and the CPU last.
+# HPU, MPS, backends from entry points, any other accelerator torch.accelerator reports,
+# and the CPU last.
 DETECTION_ORDER: Tuple[str, ...] = ("cuda", "xpu", "npu", "hpu", "mps", "accelerator", "cpu")
+GENERIC = "accelerator"
+
+
+@functools.lru_cache(maxsize=None)
+def from_entry_points() -> Dict[str, str]:
+    """name -> "module:Class" for every backend a package registered (read once)."""
+    from importlib.metadata import entry_points
+    try:
+        found = entry_points(group=ENTRY_POINT_GROUP)
+    except TypeError:                                  # Python 3.9: a dict of groups
+        found = entry_points().get(ENTRY_POINT_GROUP, ())
+    table = {}
+    for entry in found:
+        if entry.name in BUILT_IN or entry.name == AUTO:
+            log.warning("cudashim: ignoring the backend entry point %r: the name is built in",
+                        entry.value)
+            continue
+        table[entry.name] = entry.value
+    return table
+
+
+def table() -> Dict[str, str]:
+    """Every backend name and where its class lives: built in, then from entry points."""
+    return {**BUILT_IN, **from_entry_points()}
 
 
 def names() -> Tuple[str, ...]:
-    return tuple(BACKENDS)
+    return tuple(table())
+
+
+def detection_order() -> Tuple[str, ...]:
+    """The built-in order, with entry-point backends just before the generic one."""
+    extra = tuple(from_entry_points())
+    generic = DETECTION_ORDER.index(GENERIC)
+    return DETECTION_ORDER[:generic] + extra + DETECTION_ORDER[generic:]
 
 
 def check_name(name: str) -> str:
     """Return ``name`` if it is ``auto`` or a known backend, else raise with the valid ones."""
-    if name == BACKEND_AUTO or name in BACKENDS:
+    if name == AUTO or name in BUILT_IN or name in from_entry_points():
         return name
     raise UnknownBackendError(
-        f"unknown cudashim backend '{name}'; valid: {', '.join((BACKEND_AUTO,) + names())}")
+        f"unknown cudashim backend '{name}'; valid: {', '.join((AUTO,) + names())}")
 
 
 def backend_class(name: str) -> Type:
-    import importlib
-    module_name, _, class_name = BACKENDS[check_name(name)].partition(":")
-    module = importlib.import_module(f"{__name__}.{module_name}")
+    module_name, _, class_name = table()[check_name(name)].partition(":")
+    package = __name__ if module_name.startswith(".") else None
+    module = importlib.import_module(module_name, package)
     return getattr(module, class_name)
+
+
+def _absent_reason(name: str):
+    """Why backend ``name`` cannot run here, or None. A broken vendor install is a reason."""
+    cls = backend_class(name)
+    try:
+        reason = cls.absent_reason()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    if reason is None and name == GENERIC:
+        found = cls.accelerator_type()
+        owner = next((other for other in names() if other != GENERIC
+                      and backend_class(other).device_type == found), None)
+        if owner is not None:
+            reason = f"the accelerator here is '{found}', which has its own backend '{owner}'"
+    return reason
 
 
 def resolve(name: str) -> Tuple[Type, str]:
     """The backend class to use and why it was chosen."""
     check_name(name)
-    if name != BACKEND_AUTO:
-        cls = backend_class(name)
-        reason = cls.absent_reason()
+    if name != AUTO:
+        reason = _absent_reason(name)
         if reason:
             raise BackendUnavailableError(f"cudashim backend '{name}' cannot run here: {reason}")
-        return cls, "named explicitly"
-    for candidate in DETECTION_ORDER:
-        cls = backend_class(candidate)
-        try:
-            reason = cls.absent_reason()
-        except Exception as exc:                      # a broken vendor install: try the next
-            reason = f"{type(exc).__name__}: {exc}"
+        return backend_class(name), "named explicitly"
+    order = detection_order()
+    for candidate in order:
+        reason = _absent_reason(candidate)
         if reason is None:
-            return cls, f"detected ('{candidate}' is the first present in the order " \
-                        f"{', '.join(DETECTION_ORDER)})"
+            return backend_class(candidate), \
+                f"detected ('{candidate}' is the first present in the order {', '.join(order)})"
         log.debug("backend %s not chosen: %s", candidate, reason)
     raise BackendUnavailableError("no cudashim backend can run here")  # cpu is always present
 
@@ -75,10 +130,7 @@ def resolve(name: str) -> Tuple[Type, str]:
 def survey() -> Dict[str, str]:
     """Every backend and whether it can run here (for ``cudashim doctor``)."""
     result = {}
-    for name in BACKENDS:
-        try:
-            reason = backend_class(name).absent_reason()
-        except Exception as exc:                      # a broken vendor install
-            reason = f"{type(exc).__name__}: {exc}"
+    for name in names():
+        reason = _absent_reason(name)
         result[name] = "present" if reason is None else f"absent: {reason}"
     return result

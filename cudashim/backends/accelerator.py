@@ -23,15 +23,6 @@ from .host import DeviceProperties
 ACCELERATOR_NAMES = {"current_device": "current_device_index", "set_device": "set_device_index",
                      "mem_get_info": "get_memory_info"}
 
-# Device types with a backend of their own: the generic one leaves them to it.
-OWN_BACKENDS = ("cuda", "xpu", "npu", "hpu", "mps", "cpu")
-
-
-def accelerator_type() -> Optional[str]:
-    accelerator = torch.accelerator.current_accelerator()
-    return None if accelerator is None else accelerator.type
-
-
 class AcceleratorBackend(Backend):
     name = "accelerator"
     device_type = "privateuseone"              # replaced by the real type when built
@@ -39,18 +30,21 @@ class AcceleratorBackend(Backend):
     device_hint = ("install and import the vendor's torch extension; extensions with a "
                    "'torch.backends' entry point load with torch")
 
+    @staticmethod
+    def accelerator_type() -> Optional[str]:
+        accelerator = torch.accelerator.current_accelerator()
+        return None if accelerator is None else accelerator.type
+
     @classmethod
     def absent_reason(cls) -> Optional[str]:
-        found = accelerator_type()
-        if found is None:
+        # Device types another backend owns are left to it by the backend table.
+        if cls.accelerator_type() is None:
             return f"torch.accelerator reports no accelerator ({cls.device_hint})"
-        if found in OWN_BACKENDS:
-            return f"the accelerator here is '{found}', which has its own backend"
         return None
 
     def __init__(self, settings):
+        self.device_type = self.accelerator_type()
         super().__init__(settings)
-        self.device_type = accelerator_type()
 
     def _vendor(self, name):
         """The device module's ``name``, or None when the vendor does not provide it."""
@@ -118,12 +112,12 @@ class AcceleratorBackend(Backend):
         own = self._vendor("get_rng_state")
         return own(self.target_device(index)) if own else torch.default_generator.get_state()
 
-    def set_rng_state(self, state, index: Optional[int] = None) -> None:
+    def set_rng_state(self, new_state, index: Optional[int] = None) -> None:
         own = self._vendor("set_rng_state")
         if own:
-            own(state, self.target_device(index))
+            own(new_state, self.target_device(index))
         else:
-            torch.default_generator.set_state(state)
+            torch.default_generator.set_state(new_state)
 
     def default_generator(self, index: int) -> "torch.Generator":
         generators = self._vendor("default_generators")

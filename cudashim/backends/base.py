@@ -1,9 +1,14 @@
 """The one interface every backend implements.
 
 Grouped by concern: identity and presence, devices, RNG, streams and events, memory,
-dtypes and kernels, communication. Most methods delegate to
-``torch.get_device_module(device_type)``, so a backend only overrides what its device
-module lacks. Methods take ``device`` as a CUDA-style index (``None`` = current device).
+dtypes and kernels, communication. Most methods delegate to the device module
+(``torch.get_device_module(device_type)``, resolved once when the backend is built, before
+anything is patched), so a backend only overrides what its device module lacks. Methods
+take ``index``, a CUDA-style device index (``None`` = the current device).
+
+Methods marked ``@cuda_api`` answer the ``torch.cuda`` function of the same name: the proxy
+``torch.cuda`` generates its forwarder from the mark, turning torch.cuda's ``device``
+argument into ``index``. A new forwarded ``torch.cuda`` function is one marked method here.
 """
 
 from __future__ import annotations
@@ -18,6 +23,23 @@ import torch
 from ..errors import BackendUnavailableError
 
 
+def cuda_api(method):
+    """Mark ``method`` (or a property) as the answer to the ``torch.cuda`` name it bears."""
+    (method.fget if isinstance(method, property) else method).cuda_api = True
+    return method
+
+
+def cuda_api_names(cls) -> Tuple[str, ...]:
+    """The ``torch.cuda`` names ``cls`` answers (marked along its bases)."""
+    names = set()
+    for klass in reversed(cls.__mro__):
+        for name, value in vars(klass).items():
+            target = value.fget if isinstance(value, property) else value
+            if getattr(target, "cuda_api", False):
+                names.add(name)
+    return tuple(sorted(names))
+
+
 class Backend:
     # --- identity ---------------------------------------------------------------------
     name: ClassVar[str]                       # what users pass to --backend
@@ -25,7 +47,7 @@ class Backend:
     default_collective: ClassVar[str] = "gloo"  # torch.distributed backend replacing NCCL
     visible_devices_var: ClassVar[Optional[str]] = None   # vendor's CUDA_VISIBLE_DEVICES
     vendor_package: ClassVar[Optional[str]] = None        # import name, when one is needed
-    install_hint: ClassVar[str] = ""
+    install_hint: ClassVar[str] = ""          # how to install the vendor package
     # How to tell a user whose machine lacks the device; the backend fills in the details.
     device_hint: ClassVar[str] = ""
     redirects: ClassVar[bool] = True          # False only for CUDA pass-through
@@ -33,6 +55,9 @@ class Backend:
 
     def __init__(self, settings):
         self.settings = settings
+        # Resolved once, before patching: a delegated call never passes through cudashim's
+        # own torch.get_device_module patch.
+        self.module = self.device_module()
 
     # --- presence (class-level: asked before a backend is built) ----------------------
     @classmethod
@@ -67,11 +92,12 @@ class Backend:
                    f"is False ({cls.device_hint})"
         return None
 
-    @property
-    def module(self):
+    def device_module(self):
+        """The torch device module this backend delegates to."""
         return torch.get_device_module(self.device_type)
 
     # --- devices ----------------------------------------------------------------------
+    @cuda_api
     def device_count(self) -> int:
         return self.module.device_count()
 
@@ -80,65 +106,82 @@ class Backend:
         as ``torch.device("cuda")`` does."""
         return torch.device(self.device_type) if index is None else torch.device(self.device_type, index)
 
+    @cuda_api
     def current_device(self) -> int:
         return self.module.current_device()
 
     def set_device(self, index: int) -> None:
         self.module.set_device(index)
 
+    @cuda_api
     def synchronize(self, index: Optional[int] = None) -> None:
         self.module.synchronize(index)
 
+    @cuda_api
     def get_device_name(self, index: Optional[int] = None) -> str:
         return self.module.get_device_name(index)
 
+    @cuda_api
     def get_device_properties(self, index: Optional[int] = None):
         return self.module.get_device_properties(index)
 
+    @cuda_api
     def get_device_capability(self, index: Optional[int] = None) -> Tuple[int, int]:
         # Programs gate features on compute capability; 8.0 (Ampere) selects bf16 paths.
         return (8, 0)
 
+    @cuda_api
     def is_bf16_supported(self, including_emulation: bool = True) -> bool:
         return self.module.is_bf16_supported()
 
     # --- RNG --------------------------------------------------------------------------
+    @cuda_api
     def manual_seed(self, seed: int) -> None:
         self.module.manual_seed(seed)
 
+    @cuda_api
     def manual_seed_all(self, seed: int) -> None:
         self.module.manual_seed_all(seed)
 
+    @cuda_api
     def seed(self) -> None:
         self.module.seed()
 
+    @cuda_api
     def seed_all(self) -> None:
         self.module.seed_all()
 
+    @cuda_api
     def initial_seed(self) -> int:
         return self.module.initial_seed()
 
+    @cuda_api
     def get_rng_state(self, index: Optional[int] = None) -> "torch.Tensor":
         return self.module.get_rng_state(self.target_device(index))
 
-    def set_rng_state(self, state, index: Optional[int] = None) -> None:
-        self.module.set_rng_state(state, self.target_device(index))
+    @cuda_api
+    def set_rng_state(self, new_state, index: Optional[int] = None) -> None:
+        self.module.set_rng_state(new_state, self.target_device(index))
 
     def default_generator(self, index: int) -> "torch.Generator":
         return self.module.default_generators[index]
 
     # --- streams and events -----------------------------------------------------------
+    @cuda_api
     @property
     def Stream(self):
         return self.module.Stream
 
+    @cuda_api
     @property
     def Event(self):
         return self.module.Event
 
+    @cuda_api
     def current_stream(self, index: Optional[int] = None):
         return self.module.current_stream(index)
 
+    @cuda_api
     def default_stream(self, index: Optional[int] = None):
         return self.module.default_stream(index)
 
@@ -152,27 +195,35 @@ class Backend:
         tensor.record_stream(stream)
 
     # --- memory -----------------------------------------------------------------------
+    @cuda_api
     def memory_allocated(self, index: Optional[int] = None) -> int:
         return self.module.memory_allocated(index)
 
+    @cuda_api
     def max_memory_allocated(self, index: Optional[int] = None) -> int:
         return self.module.max_memory_allocated(index)
 
+    @cuda_api
     def memory_reserved(self, index: Optional[int] = None) -> int:
         return self.module.memory_reserved(index)
 
+    @cuda_api
     def max_memory_reserved(self, index: Optional[int] = None) -> int:
         return self.module.max_memory_reserved(index)
 
+    @cuda_api
     def reset_peak_memory_stats(self, index: Optional[int] = None) -> None:
         self.module.reset_peak_memory_stats(index)
 
+    @cuda_api
     def memory_stats(self, index: Optional[int] = None) -> dict:
         return self.module.memory_stats(index)
 
+    @cuda_api
     def mem_get_info(self, index: Optional[int] = None) -> Tuple[int, int]:
         return self.module.mem_get_info(index)
 
+    @cuda_api
     def empty_cache(self) -> None:
         self.module.empty_cache()
 

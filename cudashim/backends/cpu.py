@@ -17,7 +17,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from .._settings import ENV_DEVICE_COUNT
+from .._settings import env_var
 from .base import Backend
 from .host import DeviceProperties, HostStreams
 
@@ -73,7 +73,7 @@ class CPUBackend(HostStreams, Backend):
             raise RuntimeError(
                 f"CUDA error: invalid device ordinal {index} (cudashim's cpu backend has "
                 f"{self._count} virtual device(s); set CUDA_VISIBLE_DEVICES or "
-                f"{ENV_DEVICE_COUNT} for more)")
+                f"{env_var('device_count')} for more)")
 
     def current_device(self) -> int:
         return self._local.index
@@ -116,8 +116,8 @@ class CPUBackend(HostStreams, Backend):
     def get_rng_state(self, index: Optional[int] = None) -> "torch.Tensor":
         return torch.default_generator.get_state()
 
-    def set_rng_state(self, state, index: Optional[int] = None) -> None:
-        torch.default_generator.set_state(state)
+    def set_rng_state(self, new_state, index: Optional[int] = None) -> None:
+        torch.default_generator.set_state(new_state)
 
     def default_generator(self, index: int) -> "torch.Generator":
         return torch.default_generator

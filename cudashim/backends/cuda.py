@@ -21,8 +21,7 @@ class CUDABackend(Backend):
                     f"(torch {torch.__version__}, built with CUDA {torch.version.cuda})")
         return None
 
-    @property
-    def module(self):
+    def device_module(self):
         return torch.cuda
 
     def process_group_backend(self) -> str:

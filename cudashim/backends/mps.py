@@ -75,8 +75,8 @@ class MPSBackend(HostStreams, Backend):
     def get_rng_state(self, index: Optional[int] = None) -> "torch.Tensor":
         return self.module.get_rng_state()
 
-    def set_rng_state(self, state, index: Optional[int] = None) -> None:
-        self.module.set_rng_state(state)
+    def set_rng_state(self, new_state, index: Optional[int] = None) -> None:
+        self.module.set_rng_state(new_state)
 
     def default_generator(self, index: int) -> "torch.Generator":
         return torch.mps._get_default_mps_generator()

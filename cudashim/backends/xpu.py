@@ -24,7 +24,6 @@ class XPUBackend(Backend):
     default_collective = "xccl"
     visible_devices_var = "ZE_AFFINITY_MASK"
     profiler_activity = "XPU"
-    install_hint = "pip install intel-extension-for-pytorch"
     device_hint = ("install a torch built for Intel GPUs: pip install torch --index-url "
                    "https://download.pytorch.org/whl/xpu, and Intel's GPU driver")
 

@@ -1,22 +1,30 @@
 """The patch groups, applied in this order by ``cudashim.activation``.
 
-Each module has ``install(ctx)`` and records every change through ``ctx.registry``, so
-deactivation undoes all of them from the same records. The order matters only where one
-group's replacement calls another's: the proxy ``torch.cuda`` goes in after the device
-and AMP patches it relies on.
+A group is a module here that may declare:
+
+- ``REWRITES``: device-argument patches as data (``rewriter.Rewrite``), applied by the one
+  rewriter;
+- ``install(activation)``: the patches that are more than a rewrite, as code, recorded in
+  ``activation.registry`` like every other;
+- ``SUPPORTED_TORCH = (lowest, below)``: the torch versions it supports (``below`` may be
+  None). Outside them the group stays off, with one warning.
+
+Any group can be switched off with ``--disable GROUP`` / ``CUDASHIM_DISABLE``, as tracing
+libraries let users disable one integration; ``cudashim doctor`` lists which are on. The
+order matters only where one group's replacement calls another's: the proxy ``torch.cuda``
+goes in after the device and AMP patches it relies on.
+
+This module imports no torch: settings check group names against ``GROUPS``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import sys
-from typing import Any, Callable
+import importlib
+from typing import List, Optional, Tuple
 
-import wrapt
-
-ORDER = (
+GROUPS: Tuple[str, ...] = (
     "environment",     # visible-devices variables, before any vendor runtime starts
-    "devices",         # torch.device, Generator, set_default_device, get_device_module
+    "device_objects",  # torch.device, Generator, set_default_device, get_device_module
     "factories",       # torch.zeros(..., device="cuda") and every other constructor
     "tensors",         # Tensor.to/cuda/is_cuda/type/new_*/pin_memory, storages
     "modules",         # nn.Module.to/to_empty
@@ -29,52 +37,53 @@ ORDER = (
     "compiled",        # torch.compile hears the same is_cuda as eager code
     "cuda_module",     # the proxy torch.cuda and its submodules
 )
+DEFAULT_SUPPORTED_TORCH = ("2.4", None)
 
 
-@dataclasses.dataclass
-class PatchContext:
-    registry: Any
-    backend: Any
-    translator: Any
-    settings: Any
-    report: Any = None
+def group_module(name: str):
+    return importlib.import_module(f"{__name__}.{name}")
 
-    def replace(self, owner, name: str, make: Callable[[Any], Any]):
-        """Patch ``owner.name`` with ``make(original)``; return the replacement."""
-        original = wrapt.resolve_path(owner, name)[2]
-        replacement = make(original)
-        self.registry.set_attr(owner, name, replacement)
-        return replacement
 
-    def when_imported(self, module_name: str, patch: Callable[[Any], None]) -> None:
-        """``patch(module)`` now if the module is imported, else when it is (heavy modules
-        such as FSDP's and dynamo's cost start-up time nobody asked for). A module imported
-        after deactivation is left alone."""
-        module = sys.modules.get(module_name)
-        if module is not None:
-            patch(module)
-            return
-        backend = self.backend
+def summary(name: str) -> str:
+    """The first line of the group's docstring."""
+    return (group_module(name).__doc__ or "").strip().splitlines()[0]
 
-        def on_import(module):
-            from .. import _state
-            if _state.ACTIVE.backend is backend:
-                patch(module)
 
-        wrapt.register_post_import_hook(on_import, module_name)
+def supported_torch(name: str) -> Tuple[str, Optional[str]]:
+    return getattr(group_module(name), "SUPPORTED_TORCH", DEFAULT_SUPPORTED_TORCH)
 
-    def translate_for(self, api: str):
-        return self.translator.for_api(api)
 
-    def translate_type(self, api: str):
-        """A translator for device *type* strings ("cuda" -> the target's type)."""
-        target = self.backend.device_type
-        report = self.report
+def off_reason(name: str, settings) -> Optional[str]:
+    """Why group ``name`` stays off under these settings and this torch, or None."""
+    if not settings.is_enabled(name):
+        return "disabled by the setting"
+    from torch.torch_version import TorchVersion
+    lowest, below = supported_torch(name)
+    version = TorchVersion(__import__("torch").__version__)
+    if version < lowest or (below is not None and version >= below):
+        bounds = f">={lowest}" + (f",<{below}" if below else "")
+        return f"torch {version} is outside the versions it supports ({bounds})"
+    return None
 
-        def translate_type(device_type):
-            if device_type == "cuda":
-                if report is not None:
-                    report.count(api, target)
-                return target
-            return device_type
-        return translate_type
+
+def states(settings) -> List[Tuple[str, Optional[str]]]:
+    """[(group, why it is off or None)] in the order they are applied."""
+    return [(name, off_reason(name, settings)) for name in GROUPS]
+
+
+def apply_all(activation) -> None:
+    """Apply every group that is on: its declarations, then its code."""
+    from ..errors import warn_once
+    from . import rewriter
+
+    for name, off in states(activation.settings):
+        if off is not None:
+            if activation.settings.is_enabled(name):
+                warn_once(f"group-{name}", f"cudashim leaves the '{name}' patches off: {off}")
+            continue
+        module = group_module(name)
+        for declaration in getattr(module, "REWRITES", ()):
+            rewriter.apply(activation, declaration)
+        install = getattr(module, "install", None)
+        if install is not None:
+            install(activation)

@@ -10,21 +10,33 @@ import functools
 import torch
 
 from ..errors import warn_once
+from .rewriter import DEVICE_TYPE, rewrite
 
-# Functions whose first argument (or ``device_type=``) is a device type string.
-_DEVICE_TYPE_FUNCTIONS = ("is_autocast_enabled", "set_autocast_enabled", "get_autocast_dtype",
-                          "set_autocast_dtype", "is_autocast_available")
+REWRITES = (
+    # GradScaler() means GradScaler("cuda").
+    rewrite("torch.amp.grad_scaler:GradScaler.__init__", DEVICE_TYPE, missing="cuda",
+            api="torch.amp.GradScaler"),
+    # C functions whose first argument (or device_type=) is a device type string.
+    *(rewrite(f"torch:{name}", DEVICE_TYPE, parameter="device_type", position=0)
+      for name in ("is_autocast_enabled", "set_autocast_enabled", "get_autocast_dtype",
+                   "set_autocast_dtype")),
+    rewrite("torch.amp.autocast_mode:is_autocast_available", DEVICE_TYPE, parameter="device_type",
+            aliases=("torch.amp:is_autocast_available",)),
+    *(rewrite(f"torch.amp:{name}", DEVICE_TYPE, parameter="device_type")
+      for name in ("custom_fwd", "custom_bwd")),
+)
 
 
-def install(ctx):
-    backend = ctx.backend
+def install(activation):
+    """autocast is more than a rewrite: CUDA's default dtype and the target's dtype gaps."""
+    backend = activation.backend
     supported = backend.autocast_dtypes()
-    translate_autocast = ctx.translate_type("torch.autocast")
+    translate = activation.translator.type_for("torch.autocast")
 
     def make_autocast_init(original):
         def __init__(self, device_type, dtype=None, enabled=True, cache_enabled=None):
             if device_type == "cuda":
-                device_type = translate_autocast(device_type)
+                device_type = translate(device_type)
                 if dtype is None:
                     dtype = torch.float16          # CUDA's default autocast dtype
                 if dtype not in supported:
@@ -35,40 +47,4 @@ def install(ctx):
             original(self, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
         return functools.wraps(original)(__init__)
 
-    ctx.replace(torch.amp.autocast_mode.autocast, "__init__", make_autocast_init)
-
-    translate_scaler = ctx.translate_type("torch.amp.GradScaler")
-
-    def make_scaler_init(original):
-        def __init__(self, device="cuda", *args, **kwargs):
-            original(self, translate_scaler(device), *args, **kwargs)
-        return functools.wraps(original)(__init__)
-
-    ctx.replace(torch.amp.grad_scaler.GradScaler, "__init__", make_scaler_init)
-
-    for name in _DEVICE_TYPE_FUNCTIONS:
-        if hasattr(torch, name):
-            ctx.replace(torch, name, functools.partial(
-                _device_type_first, translate=ctx.translate_type(f"torch.{name}")))
-
-    for name in ("custom_fwd", "custom_bwd"):
-        ctx.replace(torch.amp, name, functools.partial(
-            _device_type_keyword, translate=ctx.translate_type(f"torch.amp.{name}")))
-
-
-def _device_type_first(original, translate):
-    def function(*args, **kwargs):
-        if args:
-            args = (translate(args[0]),) + args[1:]
-        elif "device_type" in kwargs:
-            kwargs["device_type"] = translate(kwargs["device_type"])
-        return original(*args, **kwargs)
-    return functools.wraps(original)(function)
-
-
-def _device_type_keyword(original, translate):
-    def decorator(*args, **kwargs):
-        if "device_type" in kwargs:
-            kwargs["device_type"] = translate(kwargs["device_type"])
-        return original(*args, **kwargs)
-    return functools.wraps(original)(decorator)
+    activation.replace(torch.amp.autocast_mode.autocast, "__init__", make_autocast_init)

@@ -6,17 +6,23 @@ hears in eager mode, and torch's code it traces still hears the truth. Dynamo is
 lazily (it costs a second), so the patch waits for that import when it has not happened.
 """
 
-from ..devices import is_torch_module
+import wrapt
+
+from ..callers import is_torch_module
 
 DYNAMO_TENSORS = "torch._dynamo.variables.tensor"
+# A private dynamo method (and VariableTracker.build, new in torch 2.6) is patched here.
+SUPPORTED_TORCH = ("2.6", None)
 
 
-def install(ctx):
-    if ctx.settings.is_honest("is_cuda"):
+def install(activation):
+    if activation.settings.is_honest("is_cuda"):
         return
-    device_type = ctx.backend.device_type
+    device_type = activation.backend.device_type
 
     def patch(module):
+        if not activation.live:
+            return
         TensorVariable = module.TensorVariable
         original = TensorVariable.method_attr_is_cuda
 
@@ -27,7 +33,6 @@ def install(ctx):
                 return module.VariableTracker.build(tx, True)
             return original(self, tx)
 
-        ctx.registry.set_attr(TensorVariable, "method_attr_is_cuda", method_attr_is_cuda)
+        activation.registry.set_attr(TensorVariable, "method_attr_is_cuda", method_attr_is_cuda)
 
-    ctx.when_imported(DYNAMO_TENSORS, patch)
-
+    wrapt.register_post_import_hook(patch, DYNAMO_TENSORS)

@@ -7,8 +7,8 @@ import torch
 from ..proxy.module import build_proxies
 
 
-def install(ctx):
-    proxies = build_proxies(torch.cuda, ctx.backend, ctx.settings, ctx.report)
+def install(activation):
+    proxies = build_proxies(torch.cuda, activation)
     for name, proxy in proxies.items():
-        ctx.registry.set_item(sys.modules, name, proxy)
-    ctx.registry.set_attr(torch, "cuda", proxies["torch.cuda"])
+        activation.registry.set_item(sys.modules, name, proxy)
+    activation.registry.set_attr(torch, "cuda", proxies["torch.cuda"])

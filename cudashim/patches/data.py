@@ -1,13 +1,13 @@
-"""DataLoader(pin_memory_device="cuda")."""
+"""DataLoader(pin_memory_device="cuda"), and pinning where the target computes on host memory."""
 
 import functools
 
 import torch.utils.data
 
 
-def install(ctx):
-    translate = ctx.translate_for("DataLoader(pin_memory_device)")
-    can_pin = ctx.backend.can_pin_memory()
+def install(activation):
+    translate = activation.translator.for_api("DataLoader(pin_memory_device)")
+    can_pin = activation.backend.can_pin_memory()
 
     def make_init(original):
         def __init__(self, *args, **kwargs):
@@ -22,4 +22,4 @@ def install(ctx):
             original(self, *args, **kwargs)
         return functools.wraps(original)(__init__)
 
-    ctx.replace(torch.utils.data.DataLoader, "__init__", make_init)
+    activation.replace(torch.utils.data.DataLoader, "__init__", make_init)

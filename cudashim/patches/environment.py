@@ -6,8 +6,8 @@ On the CPU the backend reads CUDA_VISIBLE_DEVICES itself to size its virtual dev
 import os
 
 
-def install(ctx):
-    var = ctx.backend.visible_devices_var
+def install(activation):
+    var = activation.backend.visible_devices_var
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if var and visible is not None and var not in os.environ:
-        ctx.registry.set_item(os.environ, var, visible)
+        activation.registry.set_item(os.environ, var, visible)

@@ -4,9 +4,11 @@ The list is torch's own (``torch.utils._device._device_constructors()``, the tab
 uses for ``with torch.device(...)``) plus the ``*_like`` functions and ``torch.normal``.
 """
 
-import functools
+import importlib
 
 import torch
+
+from .rewriter import DEVICE, rewrite
 
 # Where torch keeps constructors whose registered name differs from their attribute name
 # (``fft_fftfreq`` is ``torch.fft.fftfreq``).
@@ -15,7 +17,6 @@ _OWNERS = ("torch", "torch.fft", "torch.nested", "torch.sparse", "torch.special"
 
 def constructors():
     """[(owner module, attribute name)] for every constructor that takes ``device=``."""
-    import importlib
     import torch.utils._device as device_utils
 
     wanted = set(device_utils._device_constructors())
@@ -36,18 +37,5 @@ def constructors():
     return found
 
 
-def install(ctx):
-    for owner, name in constructors():
-        api = f"{owner.__name__}.{name}"
-        ctx.replace(owner, name, functools.partial(_factory, translate=ctx.translate_for(api)))
-
-
-def _factory(original, translate):
-    @functools.wraps(original)
-    def factory(*args, **kwargs):
-        if kwargs:                                 # most calls without a device pass no keywords
-            device = kwargs.get("device")
-            if device is not None:
-                kwargs["device"] = translate(device)
-        return original(*args, **kwargs)
-    return factory
+# Constructors take their device by keyword only (positionals are sizes and data).
+REWRITES = tuple(rewrite(f"{owner.__name__}:{name}", DEVICE) for owner, name in constructors())

@@ -26,8 +26,8 @@ def _enabled_backends():
     return {b for b, on in enabled.items() if on}
 
 
-def install(ctx):
-    backend = ctx.backend
+def install(activation):
+    backend = activation.backend
     available = backend.sdpa_backends()
 
     @contextlib.contextmanager
@@ -38,8 +38,8 @@ def install(ctx):
         warn_once(f"sdpa-{api}",
                   f"{api}: the '{backend.name}' backend has none of the requested attention "
                   "kernels; falling back to the math kernel")
-        if ctx.report is not None:
-            ctx.report.count(api, "math kernel fallback")
+        if activation.report is not None:
+            activation.report.count(api, "math kernel fallback")
         torch.backends.cuda.enable_math_sdp(True)
         try:
             yield
@@ -56,5 +56,5 @@ def install(ctx):
             return kernel_choice
         return make
 
-    ctx.replace(torch.nn.attention, "sdpa_kernel", wrap("torch.nn.attention.sdpa_kernel"))
-    ctx.replace(torch.backends.cuda, "sdp_kernel", wrap("torch.backends.cuda.sdp_kernel"))
+    activation.replace(torch.nn.attention, "sdpa_kernel", wrap("torch.nn.attention.sdpa_kernel"))
+    activation.replace(torch.backends.cuda, "sdp_kernel", wrap("torch.backends.cuda.sdp_kernel"))

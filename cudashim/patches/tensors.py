@@ -9,9 +9,16 @@ import functools
 
 import torch
 
-from ..devices import asked_by_torch
-from ..proxy.impl import LEGACY_TENSOR_NAMES, TENSOR_TYPE_NAME_BY_DTYPE
-from ._arguments import to_method
+from .. import legacy_types
+from ..callers import asked_by_torch
+from .rewriter import DEVICE, rewrite
+
+REWRITES = (
+    # Tensor.to(self, *args, **kwargs): the device, when given, is the first positional.
+    rewrite("torch:Tensor.to", DEVICE, position=1),
+    *(rewrite(f"torch:Tensor.{name}", DEVICE) for name in (
+        "new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full", "new_tensor")),
+)
 
 
 def on_target_check(backend):
@@ -23,25 +30,19 @@ def on_target_check(backend):
     return lambda t: t.device.type == device_type
 
 
-def install(ctx):
+def install(activation):
     T = torch.Tensor
-    backend, settings = ctx.backend, ctx.settings
+    backend, settings, registry = activation.backend, activation.settings, activation.registry
     on_target = on_target_check(backend)
-
-    ctx.replace(T, "to", functools.partial(to_method, translate=ctx.translate_for("Tensor.to")))
     real_to = torch._C.TensorBase.to
 
-    translate_cuda = ctx.translate_for("Tensor.cuda")
+    translate_cuda = activation.translator.for_api("Tensor.cuda")
 
     def cuda(self, device=None, non_blocking=False, memory_format=torch.preserve_format):
         target = translate_cuda("cuda" if device is None else device)
         return real_to(self, device=target, non_blocking=non_blocking, memory_format=memory_format)
 
-    ctx.registry.set_attr(T, "cuda", cuda)
-
-    for name in ("new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full",
-                 "new_tensor"):
-        ctx.replace(T, name, functools.partial(_device_keyword, translate=ctx.translate_for(f"Tensor.{name}")))
+    registry.set_attr(T, "cuda", cuda)
 
     if not settings.is_honest("is_cuda"):
         real_is_cuda = vars(torch._C.TensorBase)["is_cuda"].__get__
@@ -51,7 +52,7 @@ def install(ctx):
                 return real_is_cuda(self)
             return on_target(self) or real_is_cuda(self)
 
-        ctx.registry.set_attr(T, "is_cuda", property(is_cuda, doc="True for tensors on the target device"))
+        registry.set_attr(T, "is_cuda", property(is_cuda, doc="True for tensors on the target device"))
 
         def make_get_device(original):
             def get_device(self):
@@ -60,49 +61,41 @@ def install(ctx):
                 return original(self)
             return functools.wraps(original)(get_device)
 
-        ctx.replace(T, "get_device", make_get_device)
+        activation.replace(T, "get_device", make_get_device)
+
+    translate_legacy = activation.translator.for_api("Tensor.type")
 
     def make_type(original):
         def type_(self, dtype=None, non_blocking=False, **kwargs):
             if dtype is None:
                 if not settings.is_honest("is_cuda") and on_target(self) and not asked_by_torch():
-                    return TENSOR_TYPE_NAME_BY_DTYPE.get(self.dtype) or original(self)
+                    return legacy_types.TENSOR_NAME_BY_DTYPE.get(self.dtype) or original(self)
                 return original(self)
             name = dtype if isinstance(dtype, str) else getattr(dtype, "_cudashim_legacy_name", None)
-            if name in LEGACY_TENSOR_NAMES:
-                if ctx.report is not None:
-                    ctx.report.count("Tensor.type", backend.target_device(None))
-                return real_to(self, device=backend.target_device(None),
-                               dtype=LEGACY_TENSOR_NAMES[name], non_blocking=non_blocking)
+            if name in legacy_types.TENSOR_NAMES:
+                return real_to(self, device=translate_legacy("cuda"),
+                               dtype=legacy_types.TENSOR_NAMES[name], non_blocking=non_blocking)
             return original(self, dtype, non_blocking, **kwargs)
         return functools.wraps(original)(type_)
 
-    ctx.replace(T, "type", make_type)
+    activation.replace(T, "type", make_type)
 
     if not backend.can_pin_memory():
         # Host memory is already where the target computes: pinning is a no-op there.
-        ctx.replace(T, "pin_memory", lambda original: functools.wraps(original)(
+        activation.replace(T, "pin_memory", lambda original: functools.wraps(original)(
             lambda self, device=None: self))
-        ctx.replace(T, "is_pinned", lambda original: functools.wraps(original)(
+        activation.replace(T, "is_pinned", lambda original: functools.wraps(original)(
             lambda self, device=None: False))
 
-    ctx.replace(T, "record_stream", lambda original: functools.wraps(original)(
+    activation.replace(T, "record_stream", lambda original: functools.wraps(original)(
         lambda self, stream: backend.record_stream(self, stream)))
 
-    translate_storage = ctx.translate_for("Storage.cuda")
+    translate_storage = activation.translator.for_api("Storage.cuda")
     for storage_cls in (torch.UntypedStorage, torch.TypedStorage):
         def make_storage_cuda(original):
             def storage_cuda(self, device=None, non_blocking=False):
                 target = translate_storage("cuda" if device is None else device)
                 return self.to(device=target, non_blocking=non_blocking)
             return functools.wraps(original)(storage_cuda)
-        ctx.replace(storage_cls, "cuda", make_storage_cuda)
+        activation.replace(storage_cls, "cuda", make_storage_cuda)
 
-
-def _device_keyword(original, translate):
-    def method(self, *args, **kwargs):
-        device = kwargs.get("device")
-        if device is not None:
-            kwargs["device"] = translate(device)
-        return original(self, *args, **kwargs)
-    return functools.wraps(original)(method)

@@ -11,9 +11,11 @@ import contextlib
 import types
 from typing import Dict
 
-from ..devices import asked_by_torch
+from ..callers import asked_by_torch
 from ..errors import UnsupportedCudaAPI, warn_once
-from . import impl, surface
+from . import surface
+from .forwarders import forwarded_names, forwarder
+from .implementation import IMPLEMENTATIONS
 
 
 class CudaProxyModule(types.ModuleType):
@@ -33,27 +35,30 @@ class CudaProxyModule(types.ModuleType):
         return f"<cudashim proxy for module '{self.__name__}'>"
 
 
-def build_proxies(real_top, backend, settings, report=None) -> Dict[str, CudaProxyModule]:
+def build_proxies(real_top, activation) -> Dict[str, CudaProxyModule]:
     """{module name: proxy} for ``torch.cuda`` and every public submodule below it."""
-    implementations = impl.build(backend, settings)
     reals = list(surface.real_submodules(real_top))
+    by_name = {m.__name__: m for m in reals}
+    bound = {name: cls(activation, by_name[name]).exports()
+             for name, cls in IMPLEMENTATIONS.items() if name in by_name}
+    forwarded = {name: forwarder(activation.backend, name) for name in forwarded_names()}
+    bound[real_top.__name__] = {**forwarded, **bound[real_top.__name__]}
     proxies = {m.__name__: CudaProxyModule(m) for m in reals}
     for real in reals:                     # packages come before their submodules
         proxy = proxies[real.__name__]
         for name in surface.public_names(real):
-            value = getattr(real, name, None)
             owner = surface.enclosing_owner(real_top, real, name)
             if owner is not None:          # the same object as the package's: the same stand-in
-                bound = getattr(proxies[owner.__name__], name)
+                value = getattr(proxies[owner.__name__], name)
             else:
-                bound = _bind(real, name, value, real_top, proxies, implementations, backend,
-                              settings, report)
-            setattr(proxy, name, bound)
+                value = _bind(real, name, real_top, proxies, bound, activation)
+            setattr(proxy, name, value)
     return proxies
 
 
-def _bind(real, name, value, real_top, proxies, implementations, backend, settings, report):
+def _bind(real, name, real_top, proxies, bound, activation):
     qualname = f"{real.__name__}.{name}"
+    value = getattr(real, name, None)
     classified = surface.classify(real_top, real, name)
     kind, way_out = classified if classified else (surface.REFUSED, surface.UNCLASSIFIED_WAY_OUT)
     if kind == surface.SAME:
@@ -61,14 +66,14 @@ def _bind(real, name, value, real_top, proxies, implementations, backend, settin
     if kind == surface.SUBMODULE:
         return proxies[value.__name__]
     if kind in (surface.BACKEND, surface.SHIM):
-        bound = implementations[real.__name__][name]
-        if isinstance(bound, types.FunctionType) and callable(value):
-            became = (f"{backend.name} backend" if kind == surface.BACKEND
-                      else f"cudashim on {backend.name}")
-            bound = answer_by_caller(qualname, value, bound, became, report)
-        return bound
+        ours = bound[real.__name__][name]
+        if callable(ours) and not isinstance(ours, type) and callable(value):
+            became = (f"{activation.backend.name} backend" if kind == surface.BACKEND
+                      else f"cudashim on {activation.backend.name}")
+            ours = answer_by_caller(qualname, value, ours, became, activation.report)
+        return ours
     return refusal(qualname, way_out, kind == surface.HARMLESS, isinstance(value, type),
-                   backend, settings, report)
+                   activation.backend, activation.settings, activation.report)
 
 
 def answer_by_caller(api, real, ours, became, report=None):

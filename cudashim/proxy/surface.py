@@ -1,23 +1,26 @@
 """Every public name of the real ``torch.cuda`` and its submodules, classified.
 
-BACKEND   the backend's equivalent (a method of the same name on the backend)
-SHIM      cudashim's own implementation, on top of the backend (``proxy/impl.py``)
+BACKEND   the backend answers it: a Backend method marked ``@cuda_api`` (forwarders.py)
+SHIM      cudashim's own implementation, on top of the backend (implementation.py)
 SAME      the real object is right everywhere (exception classes)
 SUBMODULE a proxied submodule
 REFUSED   no equivalent: raises UnsupportedCudaAPI naming the way out
 HARMLESS  no equivalent, but doing nothing is safe: refused by default, a no-op with a
           warning once under ``unsupported="warn"``
 
-A name in a submodule that is the very object of a name in an enclosing package
+BACKEND, SHIM and SUBMODULE are derived from the code that provides them; the table below
+holds only the names that need a reason (SAME, REFUSED, HARMLESS). A name in a submodule
+that is the very object of a name in an enclosing package
 (``torch.cuda.memory.memory_allocated`` is ``torch.cuda.memory_allocated``) is classified
-by that package's entry. ``tests/test_cuda_surface.py`` enumerates the real modules, so a torch
-release that adds names fails until they are classified here.
+by that package's entry. ``tests/test_cuda_surface.py`` enumerates the real modules, so a
+torch release that adds names fails until they are classified.
 """
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
+import sys
 import types
 from typing import Dict, Iterator, Tuple
 
@@ -33,42 +36,11 @@ _NO_PROFILER = "use torch.profiler, which cudashim maps to the target's profiler
 _NO_TUNABLE = "TunableOp tunes CUDA/ROCm GEMMs only; remove the call on this target"
 _NO_SPARSE_LEGACY = "create sparse tensors with torch.sparse_coo_tensor(..., device='cuda')"
 
-_LEGACY_TENSORS = ["BFloat16Tensor", "BoolTensor", "ByteTensor", "CharTensor", "DoubleTensor",
-                   "FloatTensor", "HalfTensor", "IntTensor", "LongTensor", "ShortTensor"]
-_LEGACY_STORAGES = ["BFloat16Storage", "BoolStorage", "ByteStorage", "CharStorage",
-                    "ComplexDoubleStorage", "ComplexFloatStorage", "DoubleStorage",
-                    "FloatStorage", "HalfStorage", "IntStorage", "LongStorage", "ShortStorage"]
-
 # name -> (kind, way out for REFUSED / HARMLESS or None)
 SURFACE: Dict[str, Dict[str, Tuple[str, str]]] = {
     "torch.cuda": {
-        **{n: (BACKEND, None) for n in [
-            "current_device", "device_count", "set_device", "synchronize", "get_device_name",
-            "get_device_properties", "get_device_capability", "is_bf16_supported",
-            "manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed",
-            "get_rng_state", "set_rng_state", "Stream", "Event", "current_stream",
-            "default_stream", "set_stream", "stream", "empty_cache", "memory_allocated",
-            "max_memory_allocated", "memory_reserved", "max_memory_reserved",
-            "reset_peak_memory_stats", "memory_stats", "mem_get_info"]},
-        **{n: (SHIM, None) for n in _LEGACY_TENSORS + _LEGACY_STORAGES + [
-            "is_available", "is_initialized", "init", "device", "device_of", "StreamContext",
-            "get_rng_state_all", "set_rng_state_all", "default_generators",
-            "memory_cached", "max_memory_cached", "reset_max_memory_allocated",
-            "reset_max_memory_cached", "reset_accumulated_memory_stats",
-            "memory_stats_as_nested_dict", "memory_summary", "memory_snapshot",
-            "memory_usage", "device_memory_used", "list_gpu_processes",
-            "set_per_process_memory_fraction", "get_per_process_memory_fraction",
-            "get_allocator_backend", "ipc_collect", "can_device_access_peer",
-            "host_memory_stats", "host_memory_stats_as_nested_dict",
-            "reset_peak_host_memory_stats", "reset_accumulated_host_memory_stats",
-            "get_arch_list", "get_gencode_flags", "is_tf32_supported", "has_half", "has_magma",
-            "get_sync_debug_mode", "set_sync_debug_mode", "is_current_stream_capturing",
-            "make_graphed_callables"]},
         "CudaError": (SAME, None),
         "DeferredCudaCallError": (SAME, None),
-        **{n: (SUBMODULE, None) for n in [
-            "amp", "graphs", "jiterator", "memory", "nccl", "nvtx", "profiler", "random",
-            "sparse", "streams", "tunable"]},
         "CUDAGraph": (REFUSED, _NO_GRAPHS),
         "graph": (REFUSED, _NO_GRAPHS),
         "graph_pool_handle": (REFUSED, _NO_GRAPHS),
@@ -93,35 +65,23 @@ SURFACE: Dict[str, Dict[str, Tuple[str, str]]] = {
         "temperature": (REFUSED, _NO_NVML),
         "utilization": (REFUSED, _NO_NVML),
     },
-    "torch.cuda.amp": {n: (SHIM, None) for n in [
-        "autocast", "GradScaler", "custom_fwd", "custom_bwd", "amp_definitely_not_available"]},
-    "torch.cuda.amp.autocast_mode": {},
-    "torch.cuda.amp.common": {},
-    "torch.cuda.amp.grad_scaler": {},
     "torch.cuda.comm": {n: (REFUSED, _USE_DISTRIBUTED + " or tensor .to()/.sum() calls") for n in [
         "broadcast", "broadcast_coalesced", "reduce_add", "reduce_add_coalesced", "scatter",
         "gather"]},
     "torch.cuda.gds": {n: (REFUSED, "GPUDirect Storage exists only for NVIDIA GPUs; use torch.load/save")
                        for n in ["gds_register_buffer", "gds_deregister_buffer", "GdsFile"]},
-    "torch.cuda.graphs": {},
-    "torch.cuda.green_contexts": {},
-    "torch.cuda.jiterator": {},
-    "torch.cuda.memory": {},
     "torch.cuda.nccl": {
         **{n: (REFUSED, _USE_DISTRIBUTED) for n in [
             "all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "init_rank",
             "unique_id", "version"]},
-        "is_available": (SHIM, None),
     },
     "torch.cuda.nvtx": {n: (HARMLESS, "use torch.profiler.record_function for named ranges")
                         for n in ["range_push", "range_pop", "range_start", "range_end", "mark",
                                   "range"]},
     "torch.cuda.profiler": {n: (HARMLESS, _NO_PROFILER) for n in ["start", "stop", "profile"]},
-    "torch.cuda.random": {},
     "torch.cuda.sparse": {n: (REFUSED, _NO_SPARSE_LEGACY) for n in [
         "BFloat16Tensor", "ByteTensor", "CharTensor", "DoubleTensor", "FloatTensor",
         "HalfTensor", "IntTensor", "LongTensor", "ShortTensor"]},
-    "torch.cuda.streams": {},
     "torch.cuda.tunable": {n: (HARMLESS, _NO_TUNABLE) for n in [
         "enable", "is_enabled", "tuning_enable", "tuning_is_enabled", "record_untuned_enable",
         "record_untuned_is_enabled", "set_max_tuning_duration", "get_max_tuning_duration",
@@ -166,6 +126,14 @@ def real_submodules(package: types.ModuleType) -> Iterator[types.ModuleType]:
 
 def classify(real_top: types.ModuleType, module: types.ModuleType, name: str):
     """(kind, way out) for ``module.name``; None when it is not classified."""
+    from .forwarders import forwarded_names
+    from .implementation import IMPLEMENTATIONS
+
+    implementation = IMPLEMENTATIONS.get(module.__name__)
+    if implementation is not None and name in implementation.implements():
+        return (SHIM, None)
+    if module.__name__ == real_top.__name__ and name in forwarded_names():
+        return (BACKEND, None)
     table = SURFACE.get(module.__name__, {})
     if name in table:
         return table[name]
@@ -173,14 +141,13 @@ def classify(real_top: types.ModuleType, module: types.ModuleType, name: str):
     enclosing = enclosing_owner(real_top, module, name)
     if enclosing is not None:
         return classify(real_top, enclosing, name)
-    if isinstance(value, types.ModuleType) and value.__name__ in SURFACE:
+    if isinstance(value, types.ModuleType) and value.__name__.startswith(real_top.__name__ + "."):
         return (SUBMODULE, None)
     return None
 
 
 def enclosing_owner(real_top: types.ModuleType, module: types.ModuleType, name: str):
     """The nearest enclosing package that exposes the very same object under ``name``."""
-    import sys
     value = getattr(module, name, None)
     parts = module.__name__.split(".")
     for depth in range(len(parts) - 1, 1, -1):

@@ -5,12 +5,17 @@ import functools
 import torch
 
 from ._classproxy import class_proxy
+from .rewriter import DEVICE, rewrite
+
+REWRITES = (
+    rewrite("torch:set_default_device", DEVICE),
+)
 
 
-def install(ctx):
+def install(activation):
     real_device = torch.device
-    translate = ctx.translate_for("torch.device")
-    device_named = ctx.translator.device_named_for("torch.device")
+    translate = activation.translator.for_api("torch.device")
+    device_named = activation.translator.device_named_for("torch.device")
 
     def construct_device(*args, **kwargs):
         if len(args) == 1 and not kwargs:
@@ -21,19 +26,15 @@ def install(ctx):
                 return translate(spec)              # torch.device(0): a CUDA index
         return translate(real_device(*args, **kwargs))
 
-    ctx.registry.set_attr(torch, "device", class_proxy(real_device, construct_device))
+    activation.registry.set_attr(torch, "device", class_proxy(real_device, construct_device))
 
     real_generator = torch.Generator
-    translate_gen = ctx.translate_for("torch.Generator")
+    translate_generator = activation.translator.for_api("torch.Generator")
 
     def construct_generator(device="cpu"):
-        return real_generator(device=translate_gen(device))
+        return real_generator(device=translate_generator(device))
 
-    ctx.registry.set_attr(torch, "Generator", class_proxy(real_generator, construct_generator))
-
-    translate_default = ctx.translate_for("torch.set_default_device")
-    ctx.replace(torch, "set_default_device", lambda original: functools.wraps(original)(
-        lambda device: original(translate_default(device))))
+    activation.registry.set_attr(torch, "Generator", class_proxy(real_generator, construct_generator))
 
     def make_get_device_module(original):
         def get_device_module(device=None):
@@ -42,7 +43,7 @@ def install(ctx):
             return original(device)
         return functools.wraps(original)(get_device_module)
 
-    ctx.replace(torch, "get_device_module", make_get_device_module)
+    activation.replace(torch, "get_device_module", make_get_device_module)
 
 
 def _names_cuda(real_device, device) -> bool:

@@ -8,7 +8,6 @@ lookup. Integers are CUDA indices only where the caller says so (``t.to(0)``).
 
 from __future__ import annotations
 
-import sys
 from typing import Any, Callable
 
 import torch
@@ -85,7 +84,6 @@ class DeviceTranslator:
 
         return translate_and_count
 
-
     def device_named_for(self, api: str) -> Callable[[str], "torch.device"]:
         """``torch.device(spec)`` for a spec string, translated: the target device for a
         CUDA spec, the parsed device otherwise. Cached, so ``torch.device("cpu")`` costs a
@@ -110,6 +108,19 @@ class DeviceTranslator:
 
         return cached
 
+    def type_for(self, api: str) -> Callable[[Any], Any]:
+        """A translator for device *type* strings ("cuda" -> the target's type); it counts
+        each translated call when the report is on."""
+        target, report = self.backend.device_type, self.report
+
+        def translate_type(device_type):
+            if device_type == "cuda":
+                if report is not None:
+                    report.count(api, target)
+                return target
+            return device_type
+        return translate_type
+
 
 def _check_index_against(backend):
     def check(index):
@@ -118,28 +129,3 @@ def _check_index_against(backend):
             raise RuntimeError(f"CUDA error: invalid device ordinal {index} "
                                f"(the {backend.name} backend has {count} device(s))")
     return check
-
-
-_BY_CODE: dict = {}          # code object -> whether it belongs to torch (a hot-path cache)
-_BY_CODE_LIMIT = 8192
-
-
-def asked_by_torch(depth: int = 2) -> bool:
-    """Whether the function ``depth - 1`` frames up was called from torch's own code.
-
-    torch's internals must hear the truth (a CPU is not CUDA), or they take CUDA-only
-    paths; the user's program and its libraries hear the compatible answer. The answer is
-    cached per calling code object: one dict lookup instead of reading the module name.
-    """
-    frame = sys._getframe(depth)
-    code = frame.f_code
-    known = _BY_CODE.get(code)
-    if known is None:
-        known = is_torch_module(frame.f_globals.get("__name__", ""))
-        if len(_BY_CODE) < _BY_CODE_LIMIT:
-            _BY_CODE[code] = known
-    return known
-
-
-def is_torch_module(name: str) -> bool:
-    return name == "torch" or name.startswith("torch.")

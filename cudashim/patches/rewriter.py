@@ -1,0 +1,256 @@
+"""Device-argument patches as data, applied by one rewriter.
+
+Most patches rewrite one argument and call the original: ``Tensor.to``, the factories,
+``new_*``, ``GradScaler``'s device, ``DeviceMesh``, FSDP, the profiler, ``torch.load``. Each
+is a ``Rewrite``: the target (``"module:attribute.path"``), the arguments to rewrite (the
+parameter's name, where it sits positionally, what kind of value it holds) and the API name
+the report uses. ``apply()`` turns one into a patch recorded in the activation's registry,
+waiting with a post-import hook when the module is not imported yet. The translate functions
+it builds count every translated call in the report, so no patch counts by hand.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import logging
+from typing import Any, Callable, Optional, Tuple
+
+import torch
+import wrapt
+
+log = logging.getLogger(__name__)
+
+NOTHING = object()          # an argument without a value to assume when the caller passes none
+_REAL_DEVICE = torch._C.device
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """What an argument holds, and how to build its translate function for one API."""
+    name: str
+    build: Callable[[Any, str], Callable[[Any], Any]]    # (activation, api) -> translate
+    # A positional value of another class is some other argument (``t.to(torch.half)``).
+    positional_classes: Optional[frozenset] = None
+
+
+def _bound_device(activation, api):
+    """A device a collective or DDP binds: the target's, or none on the CPU (gloo binds none)."""
+    translate = activation.translator.for_api(api)
+    if activation.backend.device_type != "cpu":
+        return translate
+
+    def bound_or_dropped(device):
+        target = translate(device)
+        return None if target.__class__ is _REAL_DEVICE and target.type == "cpu" else target
+    return bound_or_dropped
+
+
+def _bound_devices(activation, api):
+    translate = activation.translator.for_api(api)
+    if activation.backend.device_type == "cpu":
+        return lambda devices: None
+    return lambda devices: [translate(device) for device in devices]
+
+
+def _bound_indices(activation, api):
+    """Device indices of the current device type (``barrier(device_ids=[0])``): kept,
+    but dropped on the CPU, where gloo binds no device."""
+    if activation.backend.device_type == "cpu":
+        return lambda indices: None
+    return lambda indices: indices
+
+
+def _map_location(activation, api):
+    """``torch.load``'s map_location in every form: None, a device spec, a dict of tags, a
+    function; storages tagged ``cuda:N`` are restored onto the target."""
+    import torch.serialization
+    translate = activation.translator.for_api(api)
+    default_restore = torch.serialization.default_restore_location
+
+    def restore(storage, location):
+        # location is a tag such as "cuda:1"; parse it, never match it as a substring
+        target = translate(location)
+        return default_restore(storage, location if target is location else str(target))
+
+    def map_location_for(map_location):
+        if map_location is None:
+            return restore
+        if isinstance(map_location, (str, int, _REAL_DEVICE)):
+            return translate(map_location)
+        if isinstance(map_location, dict):
+            return lambda storage, location: restore(storage, map_location.get(location, location))
+        if callable(map_location):
+            def called(storage, location):
+                result = map_location(storage, location)
+                return restore(storage, location) if result is None else result
+            return called
+        return map_location
+
+    return map_location_for
+
+
+def _profiler_activities(activation, api):
+    """``ProfilerActivity.CUDA`` becomes the target's activity, or is dropped where there is
+    none: left in on a build without CUDA, the profiler logs a failure on every op."""
+    from torch.profiler import ProfilerActivity
+    replacement = activation.backend.profiler_activity
+    target = getattr(ProfilerActivity, replacement) if replacement else None
+    report = activation.report
+
+    def translate(activities):
+        if ProfilerActivity.CUDA not in activities:
+            return activities
+        if report is not None:
+            report.count(api, target or "dropped")
+        kept = [a for a in activities if a != ProfilerActivity.CUDA]
+        if target is not None and target not in kept:
+            kept.append(target)
+        return kept or [ProfilerActivity.CPU]
+
+    return translate
+
+
+DEVICE = Kind("device", lambda activation, api: activation.translator.for_api(api),
+              positional_classes=frozenset({str, int, _REAL_DEVICE}))
+DEVICE_TYPE = Kind("device type", lambda activation, api: activation.translator.type_for(api))
+BOUND_DEVICE = Kind("bound device", _bound_device)
+BOUND_DEVICES = Kind("bound devices", _bound_devices)
+BOUND_INDICES = Kind("bound device indices", _bound_indices)
+MAP_LOCATION = Kind("map_location", _map_location)
+PROFILER_ACTIVITIES = Kind("profiler activities", _profiler_activities)
+
+
+@dataclasses.dataclass(frozen=True)
+class Argument:
+    kind: Kind
+    parameter: str = "device"
+    # Index among the positional arguments as the patched callable receives them (``self``
+    # counts). None: read from the original's signature, or keyword only where it has none.
+    position: Optional[int] = None
+    # The value to translate when the caller passes none (``GradScaler()`` means "cuda").
+    # With one, every value is translated, None too.
+    missing: Any = NOTHING
+
+
+@dataclasses.dataclass(frozen=True)
+class Rewrite:
+    target: str                                  # "module:attribute.path"
+    arguments: Tuple[Argument, ...]
+    api: Optional[str] = None                    # the report's name; default the target's
+    aliases: Tuple[str, ...] = ()                # other "module:name" holding the same object
+
+    @property
+    def module(self) -> str:
+        return self.target.partition(":")[0]
+
+    @property
+    def path(self) -> str:
+        return self.target.partition(":")[2]
+
+    @property
+    def api_name(self) -> str:
+        return self.api or f"{self.module}.{self.path}".replace(".__init__", "")
+
+
+def rewrite(target: str, kind: Kind, parameter: str = "device", position: Optional[int] = None,
+            missing: Any = NOTHING, api: Optional[str] = None, aliases: Tuple[str, ...] = ()) -> Rewrite:
+    """A rewrite of one argument (the common case)."""
+    return Rewrite(target, (Argument(kind, parameter, position, missing),), api, aliases)
+
+
+def apply(activation, declaration: Rewrite) -> None:
+    """Patch the declaration's target now, or when its module is imported. A module imported
+    after deactivation is left alone."""
+
+    def patch(module):
+        if not activation.live:
+            return
+        try:
+            owner, name, original = wrapt.resolve_path(module, declaration.path)
+        except AttributeError:       # not in this torch release
+            log.debug("cudashim: %s is absent in this torch; not patched", declaration.target)
+            return
+        replacement = rewritten(activation, declaration, original)
+        activation.registry.set_attr(owner, name, replacement)
+        for alias in declaration.aliases:
+            alias_module, _, alias_name = alias.partition(":")
+            alias_owner = __import__(alias_module, fromlist=["_"])
+            if getattr(alias_owner, alias_name, None) is original:
+                activation.registry.set_attr(alias_owner, alias_name, replacement)
+
+    wrapt.register_post_import_hook(patch, declaration.module)
+
+
+def rewritten(activation, declaration: Rewrite, original):
+    """``original`` with the declared arguments translated."""
+    slots = [_slot(activation, declaration, argument, original) for argument in declaration.arguments]
+    if len(slots) == 1 and slots[0][4] is NOTHING:
+        function = _one_argument(original, *slots[0][:4])
+    else:
+        function = _any_arguments(original, slots)
+    return functools.wraps(original)(function)
+
+
+def _slot(activation, declaration, argument, original):
+    position = argument.position
+    if position is None:
+        position = _signature_position(original, argument.parameter)
+    translate = argument.kind.build(activation, declaration.api_name)
+    return position, argument.parameter, translate, argument.kind.positional_classes, argument.missing
+
+
+def _signature_position(original, parameter: str) -> Optional[int]:
+    try:
+        parameters = list(inspect.signature(original).parameters.values())
+    except (TypeError, ValueError):                  # a C function: keywords only
+        return None
+    for index, p in enumerate(parameters):
+        if p.name == parameter:
+            positional = p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+            return index if positional else None
+    return None
+
+
+def _one_argument(original, position, keyword, translate, classes):
+    """The hot path: one argument, nothing assumed when absent. A call that passes no
+    keywords and too few positionals costs one length check."""
+    if position is None:
+        def keyword_only(*args, **kwargs):
+            if kwargs:                                 # most calls without a device pass none
+                value = kwargs.get(keyword)
+                if value is not None:
+                    kwargs[keyword] = translate(value)
+            return original(*args, **kwargs)
+        return keyword_only
+
+    def positional_or_keyword(*args, **kwargs):
+        if len(args) > position:
+            value = args[position]
+            if value is not None and (classes is None or value.__class__ in classes):
+                args = args[:position] + (translate(value),) + args[position + 1:]
+        elif kwargs:
+            value = kwargs.get(keyword)
+            if value is not None:
+                kwargs[keyword] = translate(value)
+        return original(*args, **kwargs)
+    return positional_or_keyword
+
+
+def _any_arguments(original, slots):
+    def rewritten_call(*args, **kwargs):
+        for position, keyword, translate, classes, missing in slots:
+            if position is not None and len(args) > position:
+                value = args[position]
+                if (value is not None or missing is not NOTHING) and \
+                        (classes is None or value.__class__ in classes):
+                    args = args[:position] + (translate(value),) + args[position + 1:]
+            elif keyword in kwargs:
+                value = kwargs[keyword]
+                if value is not None or missing is not NOTHING:
+                    kwargs[keyword] = translate(value)
+            elif missing is not NOTHING:
+                kwargs[keyword] = translate(missing)
+        return original(*args, **kwargs)
+    return rewritten_call

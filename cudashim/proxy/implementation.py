@@ -1,0 +1,338 @@
+"""cudashim's own implementations of ``torch.cuda`` names, on top of a backend.
+
+Each class stands for one ``torch.cuda`` module and declares what it implements by what it
+defines, as gevent's replacement modules do with ``__implements__``: every public attribute
+of the class body (plus ``extra_names()``) is a name of that module. The proxy binds them
+on an instance built for the activation. Names the backend answers directly are not here:
+they are generated from the Backend interface (``forwarders.py``). Device arguments follow
+torch.cuda's rules (``forwarders.device_index``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from typing import ClassVar, Dict, Tuple
+
+import torch
+
+from .. import legacy_types
+from ..errors import warn_once
+from .forwarders import device_index, forwarded_as
+
+
+class Implementation:
+    """The names of one ``torch.cuda`` module that cudashim implements itself."""
+    module: ClassVar[str] = ""             # the module's name
+
+    def __init__(self, activation, real_module):
+        self.backend = activation.backend
+        self.settings = activation.settings
+        self.real_module = real_module
+        self.idx = functools.partial(device_index, self.backend)
+
+    @classmethod
+    def implements(cls) -> Tuple[str, ...]:
+        """This module's names that cudashim implements (its ``__implements__``)."""
+        own = {name for klass in cls.__mro__[:cls.__mro__.index(Implementation)]
+               for name in vars(klass) if not name.startswith("_")}
+        return tuple(sorted((own - set(vars(Implementation))) | set(cls.extra_names())))
+
+    @classmethod
+    def extra_names(cls) -> Tuple[str, ...]:
+        return ()
+
+    def exports(self) -> Dict[str, object]:
+        """name -> the object the proxy binds; subclasses add their ``extra_names()``."""
+        extra = set(self.extra_names())
+        return {name: getattr(self, name) for name in self.implements() if name not in extra}
+
+
+class TorchCuda(Implementation):
+    """``torch.cuda`` itself."""
+    module = "torch.cuda"
+
+    # --- devices ----------------------------------------------------------------------
+    def set_device(self, device) -> None:
+        index = self.idx(device, optional=False)
+        if index is not None and index >= 0:         # torch.cuda ignores negative indices
+            self.backend.set_device(index)
+
+    @functools.cached_property
+    def device(self):
+        backend, idx = self.backend, self.idx
+
+        class device:
+            """``with torch.cuda.device(i):`` makes device ``i`` current for the block."""
+
+            def __init__(self, device):
+                self.idx = -1 if device is None else idx(device)
+                self.prev_idx = -1
+
+            def __enter__(self):
+                if self.idx is not None and self.idx >= 0:
+                    self.prev_idx = backend.current_device()
+                    if self.prev_idx != self.idx:
+                        backend.set_device(self.idx)
+
+            def __exit__(self, *exc):
+                if self.idx is not None and self.idx >= 0 and self.prev_idx != self.idx:
+                    backend.set_device(self.prev_idx)
+                return False
+
+        device.__module__ = "torch.cuda"
+        return device
+
+    def device_of(self, obj):
+        if isinstance(obj, torch.Tensor) and obj.device.type == self.backend.device_type:
+            return self.device(obj.device.index)
+        return self.device(-1)
+
+    def can_device_access_peer(self, device, peer_device) -> bool:
+        first, second = self.idx(device, optional=False), self.idx(peer_device, optional=False)
+        count = self.backend.device_count()
+        return 0 <= first < count and 0 <= second < count and first != second
+
+    # --- RNG --------------------------------------------------------------------------
+    def get_rng_state_all(self):
+        return [self.backend.get_rng_state(i) for i in range(self.backend.device_count())]
+
+    def set_rng_state_all(self, new_states) -> None:
+        for i, state in enumerate(new_states):
+            self.backend.set_rng_state(state, i)
+
+    @functools.cached_property
+    def default_generators(self):
+        return tuple(self.backend.default_generator(i) for i in range(self.backend.device_count()))
+
+    # --- streams ----------------------------------------------------------------------
+    def set_stream(self, stream) -> None:
+        if stream is not None:
+            self.backend.set_stream(stream)
+
+    def stream(self, stream):
+        return contextlib.nullcontext() if stream is None else self.backend.stream(stream)
+
+    @functools.cached_property
+    def StreamContext(self):
+        open_stream = self.stream
+
+        class StreamContext:
+            """``with torch.cuda.StreamContext(s):`` makes ``s`` current for the block."""
+
+            def __init__(self, stream):
+                self.stream = stream
+                self._context = None
+
+            def __enter__(self):
+                self._context = open_stream(self.stream)
+                return self._context.__enter__()
+
+            def __exit__(self, *exc):
+                return self._context.__exit__(*exc)
+
+        StreamContext.__module__ = "torch.cuda"
+        return StreamContext
+
+    def is_current_stream_capturing(self) -> bool:
+        return False
+
+    # --- memory: deprecated aliases keep their old meaning ------------------------------
+    memory_cached = forwarded_as("memory_reserved")
+    max_memory_cached = forwarded_as("max_memory_reserved")
+    reset_max_memory_allocated = forwarded_as("reset_peak_memory_stats")
+    reset_max_memory_cached = forwarded_as("reset_peak_memory_stats")
+    device_memory_used = forwarded_as("memory_allocated")
+
+    def reset_accumulated_memory_stats(self, device=None) -> None:
+        self.idx(device)                   # no accumulated counters are kept on this target
+
+    def memory_stats_as_nested_dict(self, device=None) -> dict:
+        nested: dict = {}
+        for key, value in self.backend.memory_stats(self.idx(device)).items():
+            node = nested
+            *path, leaf = key.split(".")
+            for part in path:
+                node = node.setdefault(part, {})
+            node[leaf] = value
+        return nested
+
+    def memory_summary(self, device=None, abbreviated=False) -> str:
+        backend, index, mib = self.backend, self.idx(device), 2 ** 20
+        return (f"|  cudashim memory summary, {backend.name} backend, device {index or 0}\n"
+                f"|  allocated: {backend.memory_allocated(index) / mib:.1f} MiB current, "
+                f"{backend.max_memory_allocated(index) / mib:.1f} MiB peak\n"
+                f"|  reserved:  {backend.memory_reserved(index) / mib:.1f} MiB current, "
+                f"{backend.max_memory_reserved(index) / mib:.1f} MiB peak\n")
+
+    def memory_snapshot(self, mempool_id=None) -> list:
+        return []                          # no allocator segments exist to list on this target
+
+    def memory_usage(self, device=None) -> int:
+        free, total = self.backend.mem_get_info(self.idx(device))
+        return int(round(100 * (total - free) / total)) if total else 0
+
+    def list_gpu_processes(self, device=None) -> str:
+        index = self.idx(device) or 0
+        return (f"{self.backend.name}:{index}\nprocess {os.getpid():>10d} uses "
+                f"{self.backend.memory_allocated(index) / 2 ** 20:12.3f} MB")
+
+    @functools.cached_property
+    def _fractions(self) -> dict:
+        return {}
+
+    def set_per_process_memory_fraction(self, fraction, device=None) -> None:
+        if not isinstance(fraction, (float, int)):
+            raise TypeError("Invalid type for fraction argument, must be `float`")
+        if not 0 <= fraction <= 1:
+            raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+        self._fractions[self.idx(device) or 0] = float(fraction)
+
+    def get_per_process_memory_fraction(self, device=None) -> float:
+        return self._fractions.get(self.idx(device) or 0, 1.0)
+
+    def get_allocator_backend(self) -> str:
+        return "native"
+
+    def ipc_collect(self) -> None:
+        pass
+
+    def host_memory_stats(self) -> dict:
+        return {}                          # no pinned host allocator runs on this target
+
+    def host_memory_stats_as_nested_dict(self) -> dict:
+        return {}
+
+    def reset_peak_host_memory_stats(self) -> None:
+        pass
+
+    def reset_accumulated_host_memory_stats(self) -> None:
+        pass
+
+    # --- state, capabilities and feature checks ---------------------------------------
+    # torch's own modules reach the real functions instead of these (proxy/module.py).
+    def is_available(self) -> bool:
+        if self.settings.is_honest("is_available"):
+            return self.real_module.is_available()
+        return self.backend.device_count() > 0
+
+    def is_initialized(self) -> bool:
+        return True
+
+    def init(self) -> None:
+        pass
+
+    def get_arch_list(self) -> list:
+        major, minor = self.backend.get_device_capability(None)
+        return [f"sm_{major}{minor}"]
+
+    def get_gencode_flags(self) -> str:
+        return ""
+
+    def is_tf32_supported(self) -> bool:
+        return False                       # TF32 is an NVIDIA tensor-core format
+
+    has_half = True
+    has_magma = False
+
+    def get_sync_debug_mode(self) -> int:
+        return 0
+
+    def set_sync_debug_mode(self, debug_mode) -> None:
+        if debug_mode not in (0, 1, 2, "default", "warn", "error"):
+            raise RuntimeError("invalid value of debug_mode, expected one of `default`, `warn`, `error`")
+
+    def make_graphed_callables(self, callables, sample_args, num_warmup_iters=3,
+                               allow_unused_input=False, pool=None):
+        # Without CUDA graphs the callables run eagerly, which computes the same values.
+        warn_once("make_graphed_callables",
+                  f"torch.cuda.make_graphed_callables: the '{self.backend.name}' backend has no "
+                  "CUDA graphs; the callables run eagerly")
+        return callables
+
+    # --- legacy tensor and storage classes ----------------------------------------------
+    @classmethod
+    def extra_names(cls):
+        return tuple(legacy_types.TENSOR_CLASSES) + tuple(legacy_types.STORAGE_CLASSES)
+
+    def exports(self):
+        return {**super().exports(), **_legacy_classes(self.backend)}
+
+
+class _LegacyTypeMeta(type):
+    """``isinstance(t, torch.cuda.FloatTensor)``: a float32 tensor on the target."""
+
+    def __instancecheck__(cls, obj):
+        return (isinstance(obj, torch.Tensor) and obj.dtype == cls.dtype
+                and obj.device.type == cls.target_type)
+
+
+def _legacy_classes(backend) -> dict:
+    target = backend.target_device(None)
+    classes = {}
+    for name, dtype in legacy_types.TENSOR_CLASSES.items():
+        def make_tensor(cls, *args, _dtype=dtype, **kwargs):
+            legacy = torch.empty(0, dtype=_dtype).new(*args, **kwargs)
+            return legacy.to(target)
+        classes[name] = _LegacyTypeMeta(name, (), {
+            "__new__": make_tensor, "dtype": dtype, "target_type": backend.device_type,
+            "_cudashim_legacy_name": f"torch.cuda.{name}", "__module__": "torch.cuda"})
+    for name, dtype in legacy_types.STORAGE_CLASSES.items():
+        def make_storage(cls, *args, _dtype=dtype, **kwargs):
+            return torch.TypedStorage(*args, dtype=_dtype, device=target, **kwargs)
+        classes[name] = type(name, (), {"__new__": make_storage, "__module__": "torch.cuda"})
+    return classes
+
+
+class _CudaAutocast(torch.amp.autocast):
+    """``torch.cuda.amp.autocast``: autocast on the target device."""
+
+    def __init__(self, enabled: bool = True, dtype=torch.float16, cache_enabled: bool = True):
+        # "cuda" is translated by the patched torch.amp.autocast.__init__.
+        super().__init__("cuda", dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+
+class _CudaGradScaler(torch.amp.GradScaler):
+    """``torch.cuda.amp.GradScaler``: gradient scaling on the target device."""
+
+    def __init__(self, init_scale: float = 2.0 ** 16, growth_factor: float = 2.0,
+                 backoff_factor: float = 0.5, growth_interval: int = 2000, enabled: bool = True):
+        super().__init__("cuda", init_scale=init_scale, growth_factor=growth_factor,
+                         backoff_factor=backoff_factor, growth_interval=growth_interval,
+                         enabled=enabled)
+
+
+for _cls, _name in ((_CudaAutocast, "autocast"), (_CudaGradScaler, "GradScaler")):
+    _cls.__module__, _cls.__name__, _cls.__qualname__ = "torch.cuda.amp", _name, _name
+
+
+class TorchCudaAmp(Implementation):
+    """``torch.cuda.amp``: the CUDA spellings of torch.amp, on the target."""
+    module = "torch.cuda.amp"
+
+    autocast = _CudaAutocast
+    GradScaler = _CudaGradScaler
+
+    @staticmethod
+    def custom_fwd(fwd=None, *, cast_inputs=None):
+        return torch.amp.custom_fwd(fwd, device_type="cuda", cast_inputs=cast_inputs)
+
+    @staticmethod
+    def custom_bwd(bwd=None):
+        return torch.amp.custom_bwd(bwd, device_type="cuda")
+
+    def amp_definitely_not_available(self) -> bool:
+        return self.backend.device_count() == 0
+
+
+class TorchCudaNccl(Implementation):
+    """``torch.cuda.nccl``: NCCL's own bindings do not exist off CUDA."""
+    module = "torch.cuda.nccl"
+
+    @staticmethod
+    def is_available(tensors=None) -> bool:
+        return False
+
+
+IMPLEMENTATIONS = {cls.module: cls for cls in (TorchCuda, TorchCudaAmp, TorchCudaNccl)}
