@@ -104,3 +104,16 @@ def test_doctor_lists_the_groups_and_which_are_on():
     for name in patches.GROUPS:
         assert name in lines, name
     assert lines["amp"].split()[1] == "on"
+
+
+def test_the_launcher_option_reaches_the_program_and_its_children():
+    code = ("import os, subprocess, sys, torch\n"
+            "import cudashim\n"
+            "patched = torch.profiler.profile.__init__ is not cudashim.get_original(torch.profiler.profile, '__init__')\n"
+            "child = subprocess.run([sys.executable, '-c', 'import torch, cudashim; "
+            "print(sorted(cudashim.activation.current_activation().settings.disable))'], "
+            "capture_output=True, text=True).stdout.strip()\n"
+            "print(patched, torch.zeros(1, device='cuda').is_cuda, os.environ['CUDASHIM_DISABLE'], child)\n")
+    result = python("-m", "cudashim", "--disable", "profiler", "-c", code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False", "True", "profiler", "['profiler']"]
