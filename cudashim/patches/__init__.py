@@ -57,9 +57,11 @@ def off_reason(name: str, settings) -> Optional[str]:
     """Why group ``name`` stays off under these settings and this torch, or None."""
     if not settings.is_enabled(name):
         return "disabled by the setting"
+    import torch
     from torch.torch_version import TorchVersion
+
     lowest, below = supported_torch(name)
-    version = TorchVersion(__import__("torch").__version__)
+    version = TorchVersion(torch.__version__)
     if version < lowest or (below is not None and version >= below):
         bounds = f">={lowest}" + (f",<{below}" if below else "")
         return f"torch {version} is outside the versions it supports ({bounds})"

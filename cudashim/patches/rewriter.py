@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import inspect
 import logging
 from typing import Any, Callable, Optional, Tuple
@@ -176,7 +177,7 @@ def apply(activation, declaration: Rewrite) -> None:
         activation.registry.set_attr(owner, name, replacement)
         for alias in declaration.aliases:
             alias_module, _, alias_name = alias.partition(":")
-            alias_owner = __import__(alias_module, fromlist=["_"])
+            alias_owner = importlib.import_module(alias_module)
             if getattr(alias_owner, alias_name, None) is original:
                 activation.registry.set_attr(alias_owner, alias_name, replacement)
 
