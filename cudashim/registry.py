@@ -4,6 +4,10 @@ A patch knows its owner (a module, a class, or a mapping such as ``sys.modules``
 name it replaces and the replacement. Applying records what was there; reverting puts that
 exact object back (or deletes the name if the owner did not have it in its own ``__dict__``,
 as for a method inherited from a C base class), and only if what is there is still ours.
+State that is not an attribute (a hook torch calls) is recorded as an undo function.
+
+Tables that know objects by identity (TorchScript's builtins) follow replacements through
+``watch``: a watcher hears of every attribute replaced after it was added.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from typing import Any, List
+from typing import Any, Callable, List, Optional
 
 import wrapt
 
@@ -28,8 +32,11 @@ class Patch:
     is_item: bool = False          # owner[name] instead of owner.name
     original: Any = _ABSENT        # what the owner resolved to before
     owned: bool = True             # the name sat in the owner's own __dict__ (or mapping)
+    undo: Optional[Callable[[], Any]] = None     # for state that is not an attribute
 
     def describe(self) -> str:
+        if self.undo is not None:
+            return self.name
         owner = getattr(self.owner, "__name__", type(self.owner).__name__)
         return f"{owner}[{self.name!r}]" if self.is_item else f"{owner}.{self.name}"
 
@@ -39,6 +46,7 @@ class PatchRegistry:
 
     def __init__(self):
         self._applied: List[Patch] = []
+        self._watchers: List[Callable[[Any, Any], None]] = []
         self._lock = threading.RLock()
 
     def __len__(self):
@@ -55,7 +63,19 @@ class PatchRegistry:
         with self._lock:
             setattr(owner, name, replacement)
             self._applied.append(patch)
+            for watcher in self._watchers:
+                watcher(original, replacement)
         return original
+
+    def watch(self, watcher: Callable[[Any, Any], None]) -> None:
+        """Call ``watcher(original, replacement)`` for every attribute replaced from now on."""
+        with self._lock:
+            self._watchers.append(watcher)
+
+    def add_undo(self, description: str, undo: Callable[[], Any]) -> None:
+        """Record state changed outside any attribute; ``undo()`` restores it on revert."""
+        with self._lock:
+            self._applied.append(Patch(None, description, None, undo=undo))
 
     def set_item(self, mapping, key: str, replacement):
         """Replace ``mapping[key]`` (``sys.modules``, ``os.environ``); return the original."""
@@ -78,6 +98,7 @@ class PatchRegistry:
         """Undo every patch, newest first; return the ones someone else had replaced since."""
         skipped = []
         with self._lock:
+            self._watchers.clear()
             while self._applied:
                 patch = self._applied.pop()
                 if not _revert(patch):
@@ -88,6 +109,8 @@ class PatchRegistry:
 
 
 def _revert(patch: Patch) -> bool:
+    if patch.undo is not None:
+        return patch.undo() is not False
     if patch.is_item:
         current = patch.owner.get(patch.name, _ABSENT)
         # os.environ decodes a new str on every read: strings are compared by value.

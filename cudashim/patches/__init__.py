@@ -23,6 +23,7 @@ import importlib
 from typing import List, Optional, Tuple
 
 GROUPS: Tuple[str, ...] = (
+    "torchscript",     # first: its builtin table follows every replacement the others make
     "environment",     # visible-devices variables, before any vendor runtime starts
     "device_objects",  # torch.device, Generator, set_default_device, get_device_module
     "factories",       # torch.zeros(..., device="cuda") and every other constructor

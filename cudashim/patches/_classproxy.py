@@ -3,8 +3,19 @@
 instances are the real class's."""
 
 
+class ClassProxy(type):
+    """The metaclass every stand-in's own metaclass derives from: ``real_class`` finds
+    the class a stand-in stands for, for code that compares classes by identity
+    (TorchScript's ``ann is torch.device``)."""
+
+
+def real_class(obj):
+    """The real class behind a stand-in; anything else unchanged."""
+    return type.__getattribute__(obj, "__wrapped__") if isinstance(obj, ClassProxy) else obj
+
+
 def class_proxy(real_cls, construct):
-    class _Meta(type):
+    class _Meta(ClassProxy):
         def __instancecheck__(cls, obj):
             return isinstance(obj, real_cls)
 

@@ -1,0 +1,105 @@
+"""TorchScript: scripted code compiles against our replacements and runs on the target.
+
+TorchScript knows torch's functions by identity (``torch.jit._builtins``' table, keyed by
+``id``), so a replaced ``torch.zeros`` would look like Python to compile ("can't get
+source"): every replacement made while active is entered under its original's op, and
+taken out again on deactivation. Annotations are compared by identity too, with what
+torch holds now (``ann is torch.device``): a class, real or stand-in, is read as the one
+torch holds (an annotation made before activation names the real class). Compiled code
+runs in C++, so the CUDA devices it names are rewritten in each graph as it is compiled
+(TorchScript's emit hooks) or loaded (``torch.jit.load``).
+
+This group goes first: the builtin table must hear of every replacement the others make.
+"""
+
+import atexit
+import functools
+
+import torch
+import torch.jit._builtins
+import torch.jit.annotations
+
+from . import _graphs
+from ._classproxy import real_class
+from .rewriter import DEVICE, rewrite, rewritten
+
+# torch.jit.load takes one device as map_location; the loaded graphs are retargeted too.
+LOAD = rewrite("torch.jit._serialization:load", DEVICE, parameter="map_location", api="torch.jit.load")
+
+
+def install(activation):
+    _follow_replacements_in_builtin_table(activation.registry)
+    activation.replace(torch.jit.annotations, "try_ann_to_type", _reading_classes_as_torch_holds_them)
+    translate = activation.translator.for_api("torch.jit")
+    _retarget_compiled_graphs(activation.registry, translate)
+    original_load = torch.jit._serialization.load
+    load = rewritten(activation, LOAD, _retargeting_loads(original_load, translate))
+    activation.registry.set_attr(torch.jit._serialization, "load", load)
+    if torch.jit.load is original_load:
+        activation.registry.set_attr(torch.jit, "load", load)
+
+
+def _follow_replacements_in_builtin_table(registry):
+    table = torch.jit._builtins._get_builtin_table()     # built now, from the originals
+
+    def enter_replacement(original, replacement):
+        op = table.get(id(original))
+        if op is not None and id(replacement) not in table:
+            registry.set_item(table, id(replacement), op)
+
+    registry.watch(enter_replacement)
+
+
+def _reading_classes_as_torch_holds_them(original):
+    @functools.wraps(original)
+    def try_ann_to_type(ann, *args, **kwargs):
+        if isinstance(ann, type):
+            held = getattr(torch, ann.__name__, None)
+            if held is not None and held is not ann and real_class(held) is real_class(ann):
+                ann = held
+        return original(ann, *args, **kwargs)
+    return try_ann_to_type
+
+
+def _retarget_compiled_graphs(registry, translate):
+    """Rewrite the devices of each function and module TorchScript emits while active."""
+    previous_module_hook, previous_function_hook = torch._C._jit_get_emit_hooks()
+
+    def module_emitted(module):
+        for name in module._method_names():
+            _graphs.retarget_with_callees(module._get_method(name).graph, translate)
+        if previous_module_hook is not None:
+            previous_module_hook(module)
+
+    def function_emitted(function):
+        _graphs.retarget_with_callees(function.graph, translate)
+        if previous_function_hook is not None:
+            previous_function_hook(function)
+
+    installed = [True]
+
+    def restore_hooks():
+        # torch hands back wrappers of the hooks, not these functions: nothing to compare
+        # against, so they are restored once, on deactivation or at exit.
+        if installed:
+            installed.clear()
+            torch._C._jit_set_emit_hooks(previous_module_hook, previous_function_hook)
+
+    torch._C._jit_set_emit_hooks(module_emitted, function_emitted)
+    registry.add_undo("TorchScript's emit hooks", restore_hooks)
+    # Python functions left in TorchScript's hooks crash the interpreter's finalisation.
+    atexit.register(restore_hooks)
+
+
+def _retargeting_loads(original, translate):
+    """``torch.jit.load`` whose modules run on the target: the devices the saved code names
+    are rewritten in every method of every submodule."""
+    @functools.wraps(original)
+    def load(*args, **kwargs):
+        module = original(*args, **kwargs)
+        for submodule in module.modules():
+            methods = submodule._c
+            for name in methods._method_names():
+                _graphs.retarget_with_callees(methods._get_method(name).graph, translate)
+        return module
+    return load
