@@ -1,7 +1,8 @@
 """The legacy CUDA tensor and storage type names (``torch.cuda.FloatTensor``, ...).
 
-One table, read by the proxy ``torch.cuda`` (which builds the classes) and by the tensor
-patches (``t.type("torch.cuda.FloatTensor")``, ``t.type()`` answering a CUDA name).
+One table, read by the proxy ``torch.cuda`` (which builds the classes) and by the patches
+that take them as values (``t.type(torch.cuda.FloatTensor)``, ``t.type()`` answering a CUDA
+name, ``torch.set_default_tensor_type(torch.cuda.HalfTensor)``).
 """
 
 from __future__ import annotations
@@ -22,3 +23,15 @@ STORAGE_CLASSES = {f"{prefix}Storage": dtype for prefix, dtype in DTYPES.items()
 
 TENSOR_NAMES = {f"torch.cuda.{name}": dtype for name, dtype in TENSOR_CLASSES.items()}
 TENSOR_NAME_BY_DTYPE = {dtype: name for name, dtype in TENSOR_NAMES.items()}
+
+
+def cuda_tensor_name(tensor_type):
+    """The CUDA legacy name a tensor type stands for (``"torch.cuda.HalfTensor"`` for that
+    string or for the proxy's class), or None."""
+    name = tensor_type if isinstance(tensor_type, str) else getattr(tensor_type, "_cudashim_legacy_name", None)
+    return name if name in TENSOR_NAMES else None
+
+
+def host_tensor_name(cuda_name: str) -> str:
+    """The CPU type of the same element type: ``"torch.HalfTensor"``."""
+    return cuda_name.replace("torch.cuda.", "torch.", 1)

@@ -27,7 +27,8 @@ GROUPS: Tuple[str, ...] = (
     "environment",     # visible-devices variables, before any vendor runtime starts
     "device_objects",  # torch.device, Generator, set_default_device, get_device_module
     "factories",       # torch.zeros(..., device="cuda") and every other constructor
-    "tensors",         # Tensor.to/cuda/is_cuda/type/new_*/pin_memory, storages
+    "tensors",         # Tensor.to/cuda/is_cuda/new_*/pin_memory, storages
+    "legacy_types",    # torch.cuda.FloatTensor as a value: Tensor.type, set_default_tensor_type
     "modules",         # nn.Module.to/to_empty
     "amp",             # autocast, GradScaler, autocast state queries
     "serialization",   # torch.load(map_location=...)

@@ -1,6 +1,6 @@
 """Tensor methods that take or report a device, and storages' ``.cuda()``.
 
-``Tensor.is_cuda``, ``Tensor.type()`` and ``Tensor.get_device()`` answer by who asks:
+``Tensor.is_cuda`` and ``Tensor.get_device()`` answer by who asks:
 torch's own modules hear the truth (they branch on ``is_cuda`` into CUDA-only code), the
 program hears that its tensors are on CUDA.
 """
@@ -9,7 +9,6 @@ import functools
 
 import torch
 
-from .. import legacy_types
 from ..callers import asked_by_torch
 from .rewriter import DEVICE, rewrite
 
@@ -62,23 +61,6 @@ def install(activation):
             return functools.wraps(original)(get_device)
 
         activation.replace(T, "get_device", make_get_device)
-
-    translate_legacy = activation.translator.for_api("Tensor.type")
-
-    def make_type(original):
-        def type_(self, dtype=None, non_blocking=False, **kwargs):
-            if dtype is None:
-                if not settings.is_honest("is_cuda") and on_target(self) and not asked_by_torch():
-                    return legacy_types.TENSOR_NAME_BY_DTYPE.get(self.dtype) or original(self)
-                return original(self)
-            name = dtype if isinstance(dtype, str) else getattr(dtype, "_cudashim_legacy_name", None)
-            if name in legacy_types.TENSOR_NAMES:
-                return real_to(self, device=translate_legacy("cuda"),
-                               dtype=legacy_types.TENSOR_NAMES[name], non_blocking=non_blocking)
-            return original(self, dtype, non_blocking, **kwargs)
-        return functools.wraps(original)(type_)
-
-    activation.replace(T, "type", make_type)
 
     if not backend.can_pin_memory():
         # Host memory is already where the target computes: pinning is a no-op there.
