@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 import torch
 
 from conftest import python, torchrun, torchrun_two_nodes
@@ -75,3 +77,14 @@ def test_torchrun_started_by_a_shimmed_program_with_tcp_rendezvous(tmp_path):
     result = python("-m", "cudashim", "-c", launch, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     assert set(torch.load(tmp_path / "tcp.pt")) == {"0.weight", "0.bias", "2.weight", "2.bias"}
+
+
+@pytest.mark.parametrize("nproc, tensor_parallel, pipeline_parallel", [(2, 2, 1), (4, 2, 1), (4, 2, 2)])
+def test_model_parallel_groups_for_members_and_non_members(nproc, tensor_parallel, pipeline_parallel):
+    """Megatron-style tensor-, pipeline- and data-parallel groups (new_group on every rank,
+    members or not), a one-rank group, new_subgroups, new_subgroups_by_enumeration,
+    split_group and DeviceMesh sub-meshes, each running a collective."""
+    result = torchrun("tests/programs/model_parallel_groups.py", str(tensor_parallel),
+                      str(pipeline_parallel), nproc=nproc, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("ran collectives") == nproc

@@ -58,18 +58,25 @@ class NcclSpellings:
 
     def __init__(self):
         self.default = None
-        self.groups = weakref.WeakKeyDictionary()
+        self.groups = weakref.WeakKeyDictionary()      # group -> its spelling, or None
 
     def remember_default(self, backend) -> None:
         self.default = _nccl_spelling(backend)
 
     def remember_group(self, group, backend) -> None:
-        spelling = _nccl_spelling(backend) if backend is not None else self.default
-        if spelling is not None and group is not None:
-            self.groups[group] = spelling
+        # Ranks outside a group get a sentinel (an int), not a group: nothing to remember.
+        if isinstance(group, torch.distributed.ProcessGroup):
+            self.groups[group] = _nccl_spelling(backend) if backend is not None else self.default
 
-    def spelling(self, group):
-        return self.default if group is None else self.groups.get(group)
+    def spelling(self, group, same_library_as_default: bool):
+        """The program's spelling for ``group``. A group made without naming a backend
+        (``split_group``, a DeviceMesh's sub-meshes) has its parent's library: it is spelled
+        as the default group is when it runs the same library."""
+        if group is None:
+            return self.default
+        if isinstance(group, torch.distributed.ProcessGroup) and group in self.groups:
+            return self.groups[group]
+        return self.default if same_library_as_default else None
 
 
 def install(activation):
@@ -118,8 +125,17 @@ def install(activation):
             return group
         return functools.wraps(original)(new_group)
 
-    activation.replace(dist, "init_process_group", make_init_process_group)
-    activation.replace(dist, "new_group", make_new_group)
+    # Patched at home as well: torch's own new_subgroups*, DeviceMesh and FSDP call
+    # distributed_c10d.new_group, and their NCCL requests need translating as the program's.
+    c10d = dist.distributed_c10d
+    for name, make in (("init_process_group", make_init_process_group), ("new_group", make_new_group)):
+        replacement = activation.replace(c10d, name, make)
+        if getattr(dist, name) is activation.registry.original(c10d, name):
+            activation.registry.set_attr(dist, name, replacement)
+    real_new_group = activation.registry.original(c10d, "new_group")
+    for owner in (c10d, dist):
+        activation.replace(owner, "split_group",
+                           lambda original: _splitting_anywhere(original, c10d, real_new_group))
     activation.replace(dist, "is_nccl_available", lambda original: functools.wraps(original)(
         lambda: dist.is_backend_available(target.collective)))
 
@@ -129,7 +145,7 @@ def install(activation):
                 real = original(group)
                 if asked_by_torch():       # torch chooses devices by the real library
                     return real
-                spelling = spellings.spelling(group)
+                spelling = spellings.spelling(group, group is None or real == original(None))
                 if spelling is None:
                     return real
                 if report is not None:
@@ -138,6 +154,46 @@ def install(activation):
             return functools.wraps(original)(get_backend)
 
         activation.replace(dist, "get_backend", make_get_backend)
+
+
+def _splitting_anywhere(original, c10d, new_group):
+    """``split_group`` where the target's library cannot split a communicator (gloo cannot;
+    torch then refuses): the splits become groups of their global ranks, with the parent's
+    library. ``new_group`` is torch's own: a split is spelled as its parent, as torch's are.
+
+    Splitting the default group, every rank makes every split, in order, as ``new_group``
+    wants. A subgroup's splits are made by their members only (``use_local_synchronization``),
+    whose names torch derives from how many groups each rank has: members must have made
+    the same groups before, as for any group made that way."""
+    @functools.wraps(original)
+    def split_group(parent_pg=None, split_ranks=None, timeout=None, pg_options=None,
+                    group_desc=None, backend=None):
+        default = c10d._get_default_group()
+        parent = parent_pg or default
+        if not split_ranks or _library_splits(c10d, parent):
+            return original(parent_pg, split_ranks, timeout, pg_options, group_desc, backend)
+        parent_ranks = c10d.get_process_group_ranks(parent)
+        library = backend or c10d._world.pg_map[parent][0]
+        everyone = parent is default
+        rank, mine = c10d.get_rank(), None
+        for split in split_ranks:
+            members = [parent_ranks[group_rank] for group_rank in split]
+            if everyone or rank in members:
+                group = new_group(members, timeout=timeout, pg_options=pg_options, backend=library,
+                                  use_local_synchronization=not everyone, group_desc=group_desc)
+                if rank in members:
+                    mine = group
+        return mine                    # None for a rank in no split, as torch answers
+    return split_group
+
+
+def _library_splits(c10d, parent) -> bool:
+    """Whether torch's own split_group can split ``parent`` here (a bound device, an
+    accelerator, a library that supports splitting)."""
+    if c10d._get_default_group().bound_device_id is None or not torch.accelerator.is_available():
+        return False
+    library = parent._get_backend(torch.accelerator.current_accelerator())
+    return bool(library) and library.supports_splitting
 
 
 def _nccl_spelling(backend):
