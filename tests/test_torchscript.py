@@ -135,3 +135,22 @@ def test_torchscript_knows_every_replacement_as_its_builtin_and_forgets_it_after
     assert not any(key in table for key in replacement_ids)
     assert torch._C._jit_get_emit_hooks() == hooks_before
     assert torch.jit.script(to_device)(torch.ones(1), torch.device("cpu")).device.type == "cpu"
+
+
+def test_under_the_launcher_scripted_imports_and_a_cuda_default_type_run_on_the_target():
+    from conftest import python
+
+    code = (
+        "import sys, warnings\n"
+        "warnings.simplefilter('ignore')\n"
+        "sys.path.insert(0, 'tests')\n"
+        "import torch\n"
+        "from torch.distributed.optim import ZeroRedundancyOptimizer\n"
+        "from programs import scripted\n"
+        "torch.set_default_tensor_type(torch.cuda.HalfTensor)\n"
+        "block = torch.jit.script(scripted.Block().cuda())\n"
+        "out = block(torch.ones(2, 8).cuda())\n"
+        "print(out.dtype, out.is_cuda, out.device.type)\n")
+    result = python("-m", "cudashim", "-c", code)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["torch.float16", "True", "cpu"]
