@@ -12,6 +12,7 @@ import weakref
 import torch
 
 from ..callers import asked_by_torch
+from ._group_exit import NcclGroupExit
 from .rewriter import BOUND_DEVICE, BOUND_DEVICES, BOUND_INDICES, DEVICE, DEVICE_TYPE, \
     Argument, Rewrite, rewrite
 
@@ -87,6 +88,7 @@ def install(activation):
 
     target, report = activation.backend, activation.report
     spellings = None if activation.settings.is_honest("get_backend") else NcclSpellings()
+    nccl_groups = NcclGroupExit(activation, dist)
 
     def translated(api, backend):
         new = translate_backend(backend, target)
@@ -108,6 +110,8 @@ def install(activation):
             result = original(*args, **kwargs)
             if spellings is not None:
                 spellings.remember_default(requested)
+            if requested is None or _asks_for_nccl(requested):    # torch's default on CUDA is NCCL
+                nccl_groups.remember(dist.distributed_c10d._get_default_group())
             return result
         return functools.wraps(original)(init_process_group)
 
@@ -122,13 +126,23 @@ def install(activation):
             group = original(*args, **kwargs)
             if spellings is not None:
                 spellings.remember_group(group, requested)
+            if _asks_for_nccl(requested) or requested is None and nccl_groups.has_default():
+                nccl_groups.remember(group)
             return group
         return functools.wraps(original)(new_group)
+
+    def make_destroy_process_group(original):
+        def destroy_process_group(*args, **kwargs):
+            live_before = nccl_groups.live_ids()
+            original(*args, **kwargs)
+            nccl_groups.released(live_before)
+        return functools.wraps(original)(destroy_process_group)
 
     # Patched at home as well: torch's own new_subgroups*, DeviceMesh and FSDP call
     # distributed_c10d.new_group, and their NCCL requests need translating as the program's.
     c10d = dist.distributed_c10d
-    for name, make in (("init_process_group", make_init_process_group), ("new_group", make_new_group)):
+    for name, make in (("init_process_group", make_init_process_group), ("new_group", make_new_group),
+                       ("destroy_process_group", make_destroy_process_group)):
         replacement = activation.replace(c10d, name, make)
         if getattr(dist, name) is activation.registry.original(c10d, name):
             activation.registry.set_attr(dist, name, replacement)
@@ -194,6 +208,10 @@ def _library_splits(c10d, parent) -> bool:
         return False
     library = parent._get_backend(torch.accelerator.current_accelerator())
     return bool(library) and library.supports_splitting
+
+
+def _asks_for_nccl(backend) -> bool:
+    return _nccl_spelling(backend) is not None
 
 
 def _nccl_spelling(backend):
