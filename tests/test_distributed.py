@@ -48,6 +48,37 @@ def test_get_backend_can_be_answered_honestly(tmp_path):
     cudashim.deactivate()
 
 
+def _import_after_init():
+    """torch.distributed.nn.functional as torch._dynamo imports it (DDP's constructor imports
+    torch._dynamo) once a group exists: its defaults take ``group.WORLD`` at import."""
+    import importlib
+    import torch.distributed.nn.functional as functional
+    return importlib.reload(functional)
+
+
+def test_a_destroyed_nccl_group_ends_at_destroy_not_with_torch_defaults(world_of_one):
+    import weakref
+    dist.init_process_group("nccl", init_method=world_of_one, rank=0, world_size=1)
+    functional = _import_after_init()
+    assert functional.all_reduce.__defaults__[-1] is dist.group.WORLD      # what torch captured
+    group = weakref.ref(dist.group.WORLD)
+    dist.destroy_process_group()
+    assert functional.all_reduce.__defaults__[-1] is None     # None: the default group, whatever it is
+    assert group() is None                                    # ended here, as NCCL's would
+
+
+def test_deactivation_gives_torch_defaults_back_their_group_while_it_exists(tmp_path):
+    import cudashim
+    cudashim.activate("cpu")
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    functional = _import_after_init()
+    group = dist.group.WORLD                  # the program still holds it
+    dist.destroy_process_group()
+    assert functional.broadcast.__defaults__ == (None,)
+    cudashim.deactivate()
+    assert functional.broadcast.__defaults__[0] is group
+
+
 def test_ddp_with_device_ids(world_of_one):
     dist.init_process_group("nccl", init_method=world_of_one, rank=0, world_size=1)
     torch.cuda.set_device(0)
@@ -68,3 +99,17 @@ def test_backend_strings_are_parsed_not_matched():
     assert translate_backend("nccl", Xpu()) == "cpu:gloo,xpu:xccl"
     assert translate_backend("gloo", Xpu()) == "gloo"
     assert translate_backend("mpi", Xpu()) == "mpi"
+
+
+
+def test_groups_a_program_leaves_are_destroyed_before_the_interpreter_finalises(tmp_path):
+    import json
+    from conftest import python
+    program = ("import sys; sys.path.insert(0, 'tests/programs'); import exit_probe\n"
+               f"exit_probe.report_at_exit({str(tmp_path / 'exit.json')!r})\n"
+               "import torch, torch.distributed as dist\n"
+               f"dist.init_process_group('nccl', init_method='file://{tmp_path}/store', rank=0, world_size=1)\n"
+               "dist.all_reduce(torch.ones(2, device='cuda'), group=dist.new_group([0], backend='nccl'))\n")
+    result = python("-m", "cudashim", "-c", program)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads((tmp_path / "exit.json").read_text()) == {"initialized": False, "threads": []}

@@ -88,3 +88,34 @@ def test_model_parallel_groups_for_members_and_non_members(nproc, tensor_paralle
                       str(pipeline_parallel), nproc=nproc, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("ran collectives") == nproc
+
+
+def test_a_gpt_ddp_trainer_ends_its_groups_before_the_interpreter_finalises(tmp_path):
+    """Gloo's threads end with the group's last reference. torch keeps one past
+    destroy_process_group() (function defaults taken when DDP imports torch._dynamo), so
+    natively the group ends in finalisation, where its threads can abort the process."""
+    result = torchrun("tests/programs/gpt_ddp.py", "--out", str(tmp_path / "gpt.pt"),
+                      "--exit-report", str(tmp_path / "exit"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    for rank in (0, 1):
+        at_exit = json.loads((tmp_path / f"exit.rank{rank}.json").read_text())
+        assert at_exit == {"initialized": False, "threads": []}, (rank, at_exit)
+    assert set(torch.load(tmp_path / "gpt.pt")) == {"model", "optimizer"}
+
+
+@pytest.mark.slow
+def test_a_gpt_ddp_trainer_exits_cleanly_run_after_run(tmp_path):
+    """Train on two ranks, save on rank 0, destroy_process_group(): 30 runs, two at a time,
+    not one abort ("terminate called without an active exception")."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one_run(index):
+        result = torchrun("tests/programs/gpt_ddp.py", "--steps", "2",
+                          "--out", str(tmp_path / f"gpt{index}.pt"), timeout=240)
+        return index, result.returncode, result.stderr
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = list(pool.map(one_run, range(30)))
+    failed = [(index, code, stderr[-1500:]) for index, code, stderr in runs
+              if code != 0 or "terminate called" in stderr]
+    assert not failed, failed[0]

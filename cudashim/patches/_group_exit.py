@@ -82,17 +82,28 @@ class NcclGroupExit:
                   count, reset, collected)
 
     def finish(self) -> None:
+        """At exit, before finalisation: destroy what the program left (gloo only), then
+        collect what holds groups and is no longer reachable (under ``python -m cudashim``
+        the program's namespace is, once it has returned)."""
         if self._dist.is_initialized():
             c10d = self._dist.distributed_c10d
-            default, live = c10d._get_default_group(), self.live()
-            if default in live and self._only_gloo(c10d, list(c10d._world.pg_map)):
+            live, default = self.live(), c10d._get_default_group()
+            everything = default in live and self._only_gloo(c10d, list(c10d._world.pg_map))
+            leftovers = [] if everything else [
+                weakref.ref(group) for group in live
+                if group is not default and self._only_gloo(c10d, [group])]
+            del live, default                     # held here, they could not end below
+            if everything:
                 log.debug("at exit: destroying every process group (the default came from NCCL)")
                 self._dist.destroy_process_group()
-            else:
-                for group in live:
-                    if group is not default and self._only_gloo(c10d, [group]):
-                        log.debug("at exit: destroying process group %s", group.group_name)
-                        self._dist.destroy_process_group(group)
+            for reference in leftovers:
+                group = reference()
+                if group is not None:             # None would mean every group to torch
+                    log.debug("at exit: destroying process group %s", group.group_name)
+                    self._dist.destroy_process_group(group)
+                del group
+        if len(self._groups):
+            gc.collect()
 
     def _reset_torch_defaults(self, destroyed: list) -> int:
         """Function defaults in ``torch.distributed`` that hold a destroyed group become None.

@@ -1,4 +1,5 @@
-"""Test instrument: at exit, write which communication threads are still running.
+"""Test instrument: at exit, write whether torch.distributed is still initialised and which
+communication threads are still running.
 
 Registered before the program's ``init_process_group``, its handler runs after every exit
 handler registered later (atexit is last in, first out), just before the interpreter
@@ -25,6 +26,7 @@ def threads():
 
 def report_at_exit(path: str) -> None:
     def write():
+        import torch.distributed
         with open(path, "w") as out:
-            json.dump(threads(), out)
+            json.dump({"initialized": torch.distributed.is_initialized(), "threads": threads()}, out)
     atexit.register(write)
