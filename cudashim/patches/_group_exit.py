@@ -6,8 +6,9 @@ goes. And torch itself keeps one: ``torch.distributed.nn.functional`` takes ``gr
 the default of ten functions when it is imported, and it is imported with ``torch._dynamo``,
 which DDP's constructor imports. Imported after ``init_process_group``, those defaults hold the
 default group for good, so a destroyed group ends during interpreter finalisation, when
-``finalize_modules`` clears torch's modules. Joining gloo's threads there races with CPython
-stopping any thread that asks for the GIL: ``terminate called without an active exception``.
+``finalize_modules`` collects torch's modules, and gloo's threads are joined there. A thread
+that asks for the GIL at that point is stopped by CPython with a forced unwind that C++
+destructors cannot pass, which is what ``terminate called without an active exception`` means.
 
 So for the groups made from an NCCL request:
 
