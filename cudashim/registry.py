@@ -67,6 +67,14 @@ class PatchRegistry:
                 watcher(original, replacement)
         return original
 
+    def add_attr(self, owner, name: str, value) -> None:
+        """Give ``owner`` a name it lacks; reverting deletes it again."""
+        if name in vars(owner):
+            raise ValueError(f"{owner!r} already has {name!r}: use set_attr to replace it")
+        with self._lock:
+            setattr(owner, name, value)
+            self._applied.append(Patch(owner, name, value, owned=False))
+
     def watch(self, watcher: Callable[[Any, Any], None]) -> None:
         """Call ``watcher(original, replacement)`` for every attribute replaced from now on."""
         with self._lock:

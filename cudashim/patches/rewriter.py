@@ -31,7 +31,8 @@ _REAL_DEVICE = torch._C.device
 class Kind:
     """What an argument holds, and how to build its translate function for one API."""
     name: str
-    build: Callable[[Any, str], Callable[[Any], Any]]    # (activation, api) -> translate
+    # (activation, api) -> translate, or None where this target needs no rewriting
+    build: Callable[[Any, str], Optional[Callable[[Any], Any]]]
     # A positional value of another class is some other argument (``t.to(torch.half)``).
     positional_classes: Optional[frozenset] = None
 
@@ -113,6 +114,21 @@ def _profiler_activities(activation, api):
     return translate
 
 
+def _pin_memory(activation, api):
+    """``pin_memory=True`` where the target computes on host memory, which torch cannot pin
+    without an accelerator (it refuses): the memory is host memory already. None (nothing
+    to rewrite) where the target pins."""
+    if activation.backend.can_pin_memory():
+        return None
+    report = activation.report
+
+    def unpinned(pin):
+        if pin and report is not None:
+            report.count(api, "host memory (not pinned)")
+        return False
+    return unpinned
+
+
 DEVICE = Kind("device", lambda activation, api: activation.translator.for_api(api),
               positional_classes=frozenset({str, int, _REAL_DEVICE}))
 DEVICE_TYPE = Kind("device type", lambda activation, api: activation.translator.type_for(api))
@@ -121,6 +137,7 @@ BOUND_DEVICES = Kind("bound devices", _bound_devices)
 BOUND_INDICES = Kind("bound device indices", _bound_indices)
 MAP_LOCATION = Kind("map_location", _map_location)
 PROFILER_ACTIVITIES = Kind("profiler activities", _profiler_activities)
+PIN_MEMORY = Kind("pin_memory", _pin_memory)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,7 +190,13 @@ def apply(activation, declaration: Rewrite) -> None:
         except AttributeError:       # not in this torch release
             log.debug("cudashim: %s is absent in this torch; not patched", declaration.target)
             return
-        replacement = rewritten(activation, declaration, original)
+        wrapper = type(original) if isinstance(original, (staticmethod, classmethod)) else None
+        function = original.__func__ if wrapper else original      # rewrite the function inside
+        replacement = rewritten(activation, declaration, function)
+        if replacement is function:
+            return                   # nothing to rewrite on this target
+        if wrapper:
+            replacement = wrapper(replacement)
         activation.registry.set_attr(owner, name, replacement)
         for alias in declaration.aliases:
             alias_module, _, alias_name = alias.partition(":")
@@ -187,8 +210,13 @@ def apply(activation, declaration: Rewrite) -> None:
 def rewritten(activation, declaration: Rewrite, original):
     """``original`` with the declared arguments translated."""
     slots = [_slot(activation, declaration, argument, original) for argument in declaration.arguments]
+    slots = [slot for slot in slots if slot[2] is not None]
+    if not slots:
+        return original
     if len(slots) == 1 and slots[0][4] is NOTHING:
         function = _one_argument(original, *slots[0][:4])
+    elif all(position is None and missing is NOTHING for position, _, _, _, missing in slots):
+        function = _keywords_only(original, [(keyword, translate) for _, keyword, translate, _, _ in slots])
     else:
         function = _any_arguments(original, slots)
     return functools.wraps(original)(function)
@@ -237,6 +265,33 @@ def _one_argument(original, position, keyword, translate, classes):
                 kwargs[keyword] = translate(value)
         return original(*args, **kwargs)
     return positional_or_keyword
+
+
+def _keywords_only(original, keywords):
+    """Several keyword-only arguments (a constructor's device and pin_memory): a call
+    without keywords costs one check, as with one. Two, the common case, are unrolled."""
+    if len(keywords) == 2:
+        (first, translate_first), (second, translate_second) = keywords
+
+        def two_keywords(*args, **kwargs):
+            if kwargs:
+                value = kwargs.get(first)
+                if value is not None:
+                    kwargs[first] = translate_first(value)
+                value = kwargs.get(second)
+                if value is not None:
+                    kwargs[second] = translate_second(value)
+            return original(*args, **kwargs)
+        return two_keywords
+
+    def keywords_rewritten(*args, **kwargs):
+        if kwargs:
+            for keyword, translate in keywords:
+                value = kwargs.get(keyword)
+                if value is not None:
+                    kwargs[keyword] = translate(value)
+        return original(*args, **kwargs)
+    return keywords_rewritten
 
 
 def _any_arguments(original, slots):
