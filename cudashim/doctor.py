@@ -75,8 +75,9 @@ def doctor(settings) -> int:
                 for q in ("is_available", "is_cuda")) +
                 f", unsupported APIs: {settings.unsupported}, report: {'on' if settings.report else 'off'}\n")
             out("patch groups:\n")
+            width = max(map(len, patches.GROUPS))
             for name, off in patches.states(settings):
-                out(f"  {name:15s} {'on' if off is None else 'off: ' + off}  ({patches.summary(name)})\n")
+                out(f"  {name:{width}s} {'on' if off is None else 'off: ' + off}  ({patches.summary(name)})\n")
             if not backend.redirects:
                 out("self-check: skipped (real CUDA, nothing is redirected)\n")
                 return 0

@@ -1,6 +1,7 @@
 """Every test runs in a forked child (pytest --forked, set in pyproject.toml): patching
 torch is process-wide, and the parent must stay clean for the next test."""
 
+import importlib
 import os
 import subprocess
 import sys
@@ -81,3 +82,15 @@ def use_fake_vendor(vendor: str) -> None:
     assert os.getpid() != PARENT_PID, "fakes are installed in forked test processes only"
     for path in reversed(fake_vendor_path(vendor).split(os.pathsep)):
         sys.path.insert(0, path)
+
+
+def install_fake(name):
+    """Give this forked process the fake device (and vendor package) for backend ``name``."""
+    if name in ("xpu", "npu", "hpu"):
+        use_fake_vendor(name)
+    elif name == "mps":
+        sys.path.insert(0, str(FAKES))
+        importlib.import_module("fake_mps").install()
+    elif name == "accelerator":
+        use_fake_vendor("musa")
+        importlib.import_module("torch_musa")._autoload()   # what torch's autoload would call

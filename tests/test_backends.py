@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from conftest import FAKES, fake_vendor_path, python, use_fake_vendor
+from conftest import FAKES, fake_vendor_path, install_fake, python, use_fake_vendor
 
 from cudashim import backends
 from cudashim._settings import load
@@ -24,18 +24,6 @@ DEVICE_TYPE = {"xpu": "xpu", "npu": "npu", "hpu": "hpu", "mps": "mps", "accelera
                "cpu": "cpu"}
 VISIBLE = {"xpu": "ZE_AFFINITY_MASK", "npu": "ASCEND_RT_VISIBLE_DEVICES",
            "hpu": "HABANA_VISIBLE_MODULES"}
-
-
-def install_fake(name):
-    """Give this forked process the fake device (and vendor package) for backend ``name``."""
-    if name in ("xpu", "npu", "hpu"):
-        use_fake_vendor(name)
-    elif name == "mps":
-        sys.path.insert(0, str(FAKES))
-        importlib.import_module("fake_mps").install()
-    elif name == "accelerator":
-        use_fake_vendor("musa")
-        importlib.import_module("torch_musa")._autoload()   # what torch's autoload would call
 
 
 def build(name, **settings):

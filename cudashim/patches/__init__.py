@@ -6,6 +6,8 @@ A group is a module here that may declare:
   rewriter;
 - ``install(activation)``: the patches that are more than a rewrite, as code, recorded in
   ``activation.registry`` like every other;
+- ``TRANSLATES``: the ("module:attribute.path", parameter) pairs its ``install()``
+  translates, so that ``device_parameters`` knows every device parameter a group covers;
 - ``SUPPORTED_TORCH = (lowest, below)``: the torch versions it supports (``below`` may be
   None). Outside them the group stays off, with one warning.
 
@@ -30,6 +32,7 @@ GROUPS: Tuple[str, ...] = (
     "tensors",         # Tensor.to/cuda/is_cuda/new_*/pin_memory, storages
     "legacy_types",    # torch.cuda.FloatTensor as a value: Tensor.type, set_default_tensor_type
     "modules",         # nn.Module.to/to_empty
+    "torch_accelerator",  # torch.accelerator.synchronize("cuda") and its other device arguments
     "amp",             # autocast, GradScaler, autocast state queries
     "serialization",   # torch.load(map_location=...)
     "data",            # DataLoader(pin_memory_device="cuda")
@@ -38,6 +41,7 @@ GROUPS: Tuple[str, ...] = (
     "distributed",     # NCCL -> the target's collective library
     "compiled",        # torch.compile hears the same is_cuda as eager code
     "cuda_module",     # the proxy torch.cuda and its submodules
+    "device_module",   # the target's device module answers the torch.cuda names it lacks
 )
 DEFAULT_SUPPORTED_TORCH = ("2.4", None)
 

@@ -91,6 +91,7 @@ def answer_by_caller(api, real, ours, became, report=None):
     function.__name__ = function.__qualname__ = ours.__name__
     function.__doc__ = ours.__doc__ or getattr(real, "__doc__", None)
     function.__wrapped__ = ours
+    function.cudashim_answer = ours        # the answer itself, for callers that are never torch's
     return function
 
 

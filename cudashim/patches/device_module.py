@@ -1,0 +1,44 @@
+"""The target's device module answers the ``torch.cuda`` names it lacks.
+
+Programs dispatch on a device's type: ``getattr(torch, device.type)`` or
+``torch.get_device_module(device)``, then ``is_bf16_supported()``, ``empty_cache()``,
+``manual_seed_all()``. Their devices are the target's, so they reach ``torch.cpu`` (or
+``torch.npu``, ``torch.xpu``), which lacks most of that API. While cudashim is active, the
+target's module is given every public ``torch.cuda`` name it does not have, answered as the
+proxy ``torch.cuda`` answers it; nothing it has is replaced, and deactivation takes the
+additions away again.
+
+The additions answer everyone alike. Unlike ``torch.cuda``'s names, whose callers from torch
+hear the real CUDA runtime, a name asked of the target's module is about the target, whoever
+asks (torch's ``fork_rng`` asks ``torch.cpu.get_rng_state`` for the program's devices).
+"""
+
+import logging
+import sys
+import types
+
+import torch
+
+from ..proxy.module import CudaProxyModule
+
+log = logging.getLogger(__name__)
+
+
+def install(activation):
+    proxy = sys.modules.get("torch.cuda")
+    if not isinstance(proxy, CudaProxyModule):
+        log.debug("cudashim: torch.cuda is not the proxy; the target's device module is left as is")
+        return
+    target = target_module(activation.backend)
+    if target is None or target is proxy:
+        return
+    for name, value in vars(proxy).items():
+        if name.startswith("_") or name in vars(target):
+            continue
+        activation.registry.add_attr(target, name, getattr(value, "cudashim_answer", value))
+
+
+def target_module(backend):
+    """The module ``getattr(torch, <target device type>)``, or None where torch has none."""
+    module = getattr(torch, backend.device_type, None)
+    return module if isinstance(module, types.ModuleType) else None
