@@ -32,7 +32,7 @@ class DeviceTranslator:
         self.translate = self._build()
 
     def _build(self):
-        real_device = torch.device
+        real_device = torch._C.device
         backend = self.backend
         check_index = getattr(backend, "check_index", None) or _check_index_against(backend)
         target_device = backend.target_device
@@ -88,7 +88,7 @@ class DeviceTranslator:
         """``torch.device(spec)`` for a spec string, translated: the target device for a
         CUDA spec, the parsed device otherwise. Cached, so ``torch.device("cpu")`` costs a
         lookup; while the report counts calls, every call is translated and counted."""
-        translate, real_device = self.for_api(api), torch.device
+        translate, real_device = self.for_api(api), torch._C.device
 
         def device_named(spec):
             target = translate(spec)

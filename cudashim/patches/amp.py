@@ -24,7 +24,12 @@ REWRITES = (
             aliases=("torch.amp:is_autocast_available",)),
     *(rewrite(f"torch.amp:{name}", DEVICE_TYPE, parameter="device_type")
       for name in ("custom_fwd", "custom_bwd")),
+    # FSDP's scaler says device="cuda" by default, as GradScaler does.
+    rewrite("torch.distributed.fsdp.sharded_grad_scaler:ShardedGradScaler.__init__", DEVICE_TYPE,
+            missing="cuda", api="ShardedGradScaler"),
+    rewrite("torch.library:register_autocast", DEVICE_TYPE, parameter="device_type"),
 )
+TRANSLATES = (("torch.amp.autocast_mode:autocast.__init__", "device_type"),)
 
 
 def install(activation):

@@ -4,6 +4,8 @@ import functools
 
 import torch.utils.data
 
+TRANSLATES = (("torch.utils.data:DataLoader.__init__", "pin_memory_device"),)
+
 
 def install(activation):
     translate = activation.translator.for_api("DataLoader(pin_memory_device)")

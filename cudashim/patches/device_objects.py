@@ -1,15 +1,22 @@
-"""torch.device, torch.Generator, set_default_device and get_device_module."""
+"""torch.device, torch.Generator, set_default_device, get_device_module and RNG forks."""
 
 import functools
 
 import torch
 
+from ..callers import asked_by_torch
 from ._classproxy import class_proxy
-from .rewriter import DEVICE, rewrite
+from .rewriter import DEVICE, DEVICE_TYPE, rewrite
 
 REWRITES = (
     rewrite("torch:set_default_device", DEVICE),
+    # fork_rng() forks CUDA's generators when no accelerator is found: the target's, here.
+    rewrite("torch.random:fork_rng", DEVICE_TYPE, parameter="device_type", missing="cuda"),
+    rewrite("torch.utils.checkpoint:set_device_states", DEVICE_TYPE, parameter="device_type"),
+    rewrite("torch.utils.checkpoint:DefaultDeviceType.set_device_type", DEVICE_TYPE),
 )
+# The parameters install() translates.
+TRANSLATES = (("torch:Generator", "device"), ("torch:get_device_module", "device"))
 
 
 def install(activation):
@@ -36,10 +43,15 @@ def install(activation):
 
     activation.registry.set_attr(torch, "Generator", class_proxy(real_generator, construct_generator))
 
+    target_type = activation.backend.device_type
+
     def make_get_device_module(original):
         def get_device_module(device=None):
             if device is not None and _names_cuda(real_device, device):
-                return torch.cuda                      # the proxy, once installed
+                # torch names CUDA only when acting on the program's devices (fork_rng's
+                # fallback, say): it gets the target's module, which answers torch.cuda's
+                # names for the target (the 'device_module' group); the program gets the proxy.
+                return original(target_type) if asked_by_torch() else torch.cuda
             return original(device)
         return functools.wraps(original)(get_device_module)
 

@@ -14,7 +14,7 @@ import torch
 from ..callers import asked_by_torch
 from ._group_exit import NcclGroupExit
 from .rewriter import BOUND_DEVICE, BOUND_DEVICES, BOUND_INDICES, DEVICE, DEVICE_TYPE, \
-    Argument, Rewrite, rewrite
+    Argument, Rewrite, rewrite, rewritten
 
 REWRITES = (
     # DDP takes no device_ids for CPU modules; other targets take their real devices.
@@ -28,7 +28,22 @@ REWRITES = (
             parameter="device_type", api="DeviceMesh"),
     rewrite("torch.distributed.fsdp:FullyShardedDataParallel.__init__", DEVICE,
             parameter="device_id", api="FullyShardedDataParallel(device_id)"),
+    rewrite("torch.distributed.device_mesh:DeviceMesh.from_group", DEVICE_TYPE,
+            parameter="device_type", api="DeviceMesh.from_group"),
+    *(rewrite(f"torch.distributed.distributed_c10d:{name}", DEVICE, api=f"{name}(device)",
+              aliases=(f"torch.distributed:{name}",))
+      for name in ("broadcast_object_list", "send_object_list", "recv_object_list")),
+    *(rewrite(target, DEVICE, api="pipelining stage") for target in (
+        "torch.distributed.pipelining.stage:PipelineStage.__init__",
+        "torch.distributed.pipelining.stage:build_stage",
+        "torch.distributed.pipelining._IR:Pipe.build_stage")),
 )
+# Eager init binds a device: the target's, or none on the CPU. install() patches these two
+# calls, and translates their device_id with these declarations.
+BOUND_DEVICE_IDS = {name: rewrite(f"torch.distributed.distributed_c10d:{name}", BOUND_DEVICE,
+                                  parameter="device_id", api=f"{name}(device_id)")
+                    for name in ("init_process_group", "new_group")}
+TRANSLATES = tuple((d.target, "device_id") for d in BOUND_DEVICE_IDS.values())
 
 
 def translate_backend(backend, target):
@@ -96,26 +111,26 @@ def install(activation):
             report.count(api, new)
         return new
 
-    translate_device_id = BOUND_DEVICE.build(activation, "init_process_group(device_id)")
+    def make_init_process_group(torch_init_process_group):
+        original = rewritten(activation, BOUND_DEVICE_IDS["init_process_group"], torch_init_process_group)
 
-    def make_init_process_group(original):
         def init_process_group(*args, **kwargs):
             requested = args[0] if args else kwargs.get("backend")
             if args:
                 args = (translated("init_process_group", requested),) + args[1:]
             else:
                 kwargs["backend"] = translated("init_process_group", requested)
-            if kwargs.get("device_id") is not None:
-                kwargs["device_id"] = translate_device_id(kwargs["device_id"])
             result = original(*args, **kwargs)
             if spellings is not None:
                 spellings.remember_default(requested)
             if requested is None or _asks_for_nccl(requested):    # torch's default on CUDA is NCCL
                 nccl_groups.remember(dist.distributed_c10d._get_default_group())
             return result
-        return functools.wraps(original)(init_process_group)
+        return functools.wraps(torch_init_process_group)(init_process_group)
 
-    def make_new_group(original):
+    def make_new_group(torch_new_group):
+        original = rewritten(activation, BOUND_DEVICE_IDS["new_group"], torch_new_group)
+
         def new_group(*args, **kwargs):
             if len(args) > 2:
                 requested = args[2]
@@ -129,7 +144,7 @@ def install(activation):
             if _asks_for_nccl(requested) or requested is None and nccl_groups.has_default():
                 nccl_groups.remember(group)
             return group
-        return functools.wraps(original)(new_group)
+        return functools.wraps(torch_new_group)(new_group)
 
     def make_destroy_process_group(original):
         def destroy_process_group(*args, **kwargs):

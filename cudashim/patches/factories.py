@@ -1,14 +1,19 @@
-"""Every tensor constructor that takes ``device=``.
+"""Every tensor constructor that takes ``device=`` (and ``pin_memory=``).
 
 The list is torch's own (``torch.utils._device._device_constructors()``, the table torch
-uses for ``with torch.device(...)``) plus the ``*_like`` functions and ``torch.normal``.
+uses for ``with torch.device(...)``) plus the ``*_like`` functions and ``torch.normal``, and
+the few other functions that build tensors on a device (``from_file``, flex attention's
+block masks, ``from_dlpack``). Where the target cannot pin host memory (the CPU, which torch
+refuses to pin without an accelerator), ``pin_memory=True`` becomes False: a pinned staging
+buffer is host memory either way.
 """
 
 import importlib
 
 import torch
 
-from .rewriter import DEVICE, rewrite
+from .device_parameters import parameters_of
+from .rewriter import DEVICE, PIN_MEMORY, Argument, Rewrite, rewrite
 
 # Where torch keeps constructors whose registered name differs from their attribute name
 # (``fft_fftfreq`` is ``torch.fft.fftfreq``).
@@ -37,5 +42,22 @@ def constructors():
     return found
 
 
-# Constructors take their device by keyword only (positionals are sizes and data).
-REWRITES = tuple(rewrite(f"{owner.__name__}:{name}", DEVICE) for owner, name in constructors())
+def _declaration(owner, name):
+    """Constructors take their device by keyword only (positionals are sizes and data); the
+    ones that take pin_memory have it unpinned where the target cannot pin."""
+    arguments = [Argument(DEVICE)]
+    if "pin_memory" in (parameters_of(getattr(owner, name)) or ()):
+        arguments.append(Argument(PIN_MEMORY, "pin_memory"))
+    return Rewrite(f"{owner.__name__}:{name}", tuple(arguments))
+
+
+REWRITES = (
+    *(_declaration(owner, name) for owner, name in constructors()),
+    rewrite("torch:from_file", DEVICE),                  # not in torch's table
+    rewrite("torch.nested:as_nested_tensor", DEVICE),    # a Python function over a C one
+    # Block masks are built on device="cuda" when the caller names none.
+    *(rewrite(f"torch.nn.attention.flex_attention:{name}", DEVICE, missing="cuda")
+      for name in ("create_block_mask", "create_mask")),
+    rewrite("torch.nn.attention.flex_attention:BlockMask.to", DEVICE),
+    rewrite("torch.utils.dlpack:from_dlpack", DEVICE),
+)

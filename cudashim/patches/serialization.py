@@ -9,4 +9,6 @@ from .rewriter import MAP_LOCATION, rewrite
 REWRITES = (
     # No map_location at all still needs one: storages tagged "cuda:N" go to the target.
     rewrite("torch:load", MAP_LOCATION, parameter="map_location", missing=None),
+    rewrite("torch.package.package_importer:PackageImporter.load_pickle", MAP_LOCATION,
+            parameter="map_location", missing=None, api="PackageImporter.load_pickle"),
 )

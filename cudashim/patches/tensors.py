@@ -10,14 +10,25 @@ import functools
 import torch
 
 from ..callers import asked_by_torch
-from .rewriter import DEVICE, rewrite
+from .rewriter import DEVICE, apply, rewrite
 
 REWRITES = (
     # Tensor.to(self, *args, **kwargs): the device, when given, is the first positional.
     rewrite("torch:Tensor.to", DEVICE, position=1),
     *(rewrite(f"torch:Tensor.{name}", DEVICE) for name in (
         "new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full", "new_tensor")),
+    rewrite("torch:TypedStorage.to", DEVICE),
+    *(rewrite(f"torch:TypedStorage.{name}", DEVICE, missing="cuda")     # device="cuda" by default
+      for name in ("pin_memory", "is_pinned")),
+    rewrite("torch:TypedStorage.__new__", DEVICE),
+    rewrite("torch:TypedStorage.__init__", DEVICE),
 )
+# Pinning for a device (deprecated): translated on targets that pin; elsewhere install()
+# makes pinning a no-op.
+PINNING = tuple(rewrite(f"torch:Tensor.{name}", DEVICE) for name in ("pin_memory", "is_pinned"))
+# The parameters install() translates.
+TRANSLATES = (("torch:Tensor.cuda", "device"), ("torch:TypedStorage.cuda", "device"),
+              *((d.target, "device") for d in PINNING))
 
 
 def on_target_check(backend):
@@ -62,7 +73,10 @@ def install(activation):
 
         activation.replace(T, "get_device", make_get_device)
 
-    if not backend.can_pin_memory():
+    if backend.can_pin_memory():
+        for declaration in PINNING:
+            apply(activation, declaration)
+    else:
         # Host memory is already where the target computes: pinning is a no-op there.
         activation.replace(T, "pin_memory", lambda original: functools.wraps(original)(
             lambda self, device=None: self))

@@ -25,6 +25,7 @@ from .rewriter import DEVICE, rewrite, rewritten
 
 # torch.jit.load takes one device as map_location; the loaded graphs are retargeted too.
 LOAD = rewrite("torch.jit._serialization:load", DEVICE, parameter="map_location", api="torch.jit.load")
+TRANSLATES = ((LOAD.target, "map_location"),)          # by install(), with the retargeting
 
 
 def install(activation):
