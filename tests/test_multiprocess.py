@@ -119,3 +119,10 @@ def test_a_gpt_ddp_trainer_exits_cleanly_run_after_run(tmp_path):
     failed = [(index, code, stderr[-1500:]) for index, code, stderr in runs
               if code != 0 or "terminate called" in stderr]
     assert not failed, failed[0]
+
+
+def test_eager_init_with_a_cuda_device_id_and_device_generic_helpers():
+    result = torchrun("tests/programs/eager_init.py", timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for rank in (0, 1):
+        assert f"rank {rank}: bound nccl, torch.cpu, True, torch.bfloat16" in result.stdout
