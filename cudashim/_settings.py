@@ -131,10 +131,10 @@ OPTIONS: Tuple[Option, ...] = (
     Option("honest", "CUDASHIM_HONEST", frozenset(),
            _name_set(lambda: tuple(HONEST_QUESTIONS), "question(s)"), metavar="Q[,Q]",
            format=_format_set, help="answer these truthfully: " + ", ".join(HONEST_QUESTIONS)),
-    Option("unsupported", "CUDASHIM_UNSUPPORTED", "raise", _parse_unsupported,
+    Option("unsupported", "CUDASHIM_UNSUPPORTED", "warn", _parse_unsupported,
            choices=UNSUPPORTED_POLICIES,
-           help="raise for unsupported CUDA APIs, or warn once and do nothing for harmless "
-                "ones (nvtx, profiler ranges, TunableOp)"),
+           help="harmless unsupported CUDA APIs (the CUDA profiler's start/stop, TunableOp) "
+                "warn once and do nothing (warn, the default), or raise as the others do"),
     Option("disable", "CUDASHIM_DISABLE", frozenset(),
            _name_set(lambda: patches.GROUPS, "patch group(s)"), metavar="GROUP[,GROUP]",
            format=_format_set,

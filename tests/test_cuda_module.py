@@ -82,7 +82,7 @@ def test_is_available_tells_torch_the_truth(shim):
 
 def test_refused_api_names_itself_the_backend_and_the_way_out(shim):
     for refuse in (lambda: torch.cuda.CUDAGraph(), lambda: torch.cuda.graph(None),
-                   lambda: torch.cuda.nccl.all_reduce([]), lambda: torch.cuda.nvtx.range_push("x"),
+                   lambda: torch.cuda.nccl.all_reduce([]), lambda: torch.cuda.cudart(),
                    lambda: torch.cuda.utilization()):
         with pytest.raises(shim.UnsupportedCudaAPI) as info:
             refuse()
@@ -93,22 +93,66 @@ def test_refused_api_names_itself_the_backend_and_the_way_out(shim):
     assert not isinstance(object(), torch.cuda.CUDAGraph)
 
 
-def test_harmless_apis_warn_once_and_do_nothing_when_asked():
+def test_harmless_apis_do_nothing_and_warn_once_by_default():
     import warnings
     import cudashim
-    cudashim.activate("cpu", unsupported="warn")
+    cudashim.activate("cpu")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        torch.cuda.nvtx.range_push("step")
-        torch.cuda.nvtx.range_push("step")
-        with torch.cuda.nvtx.range("block"):
-            pass
         torch.cuda.profiler.start()
-    ours = [w for w in caught if issubclass(w.category, cudashim.CudashimWarning)]
-    assert len(ours) == 3                      # range_push once, range once, start once
+        with torch.cuda.profiler.profile():
+            torch.cuda.profiler.start()
+        torch.cuda.tunable.enable(True)
+        enabled = torch.cuda.tunable.is_enabled()
+        results = torch.cuda.tunable.get_results()
+        torch.cuda.nvtx.range_push("step")             # a profiler range: nothing to warn of
+        torch.cuda.nvtx.range_pop()
+    ours = [str(w.message) for w in caught if issubclass(w.category, cudashim.CudashimWarning)]
+    assert len(ours) == 5, ours            # start, profile, enable, is_enabled, get_results once
+    assert all("does nothing on the 'cpu' backend" in message for message in ours)
+    assert enabled is False and results == ()
     with pytest.raises(cudashim.UnsupportedCudaAPI):
         torch.cuda.CUDAGraph()                 # not harmless: still refused
     cudashim.deactivate()
+
+
+def test_harmless_apis_raise_under_the_strict_setting():
+    import cudashim
+    cudashim.activate("cpu", unsupported="raise")
+    with pytest.raises(cudashim.UnsupportedCudaAPI, match="torch.cuda.profiler.start"):
+        torch.cuda.profiler.start()
+    torch.cuda.nvtx.mark("ranges are no refusal")
+    cudashim.deactivate()
+
+
+def test_nvtx_ranges_of_a_training_loop_show_in_a_profiler_trace(shim):
+    from torch.profiler import ProfilerActivity, profile
+    model = torch.nn.Linear(4, 4).cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    @torch.cuda.nvtx.range("optimizer step")
+    def step():
+        optimizer.step()
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(2):
+            depth = torch.cuda.nvtx.range_push(f"iteration {i}")
+            with torch.cuda.nvtx.range("forward {}", i):
+                loss = model(torch.randn(2, 4, device="cuda")).sum()
+            handle = torch.cuda.nvtx.range_start("backward")
+            loss.backward()
+            torch.cuda.nvtx.range_end(handle)
+            step()
+            torch.cuda.nvtx.mark("logged")
+            assert torch.cuda.nvtx.range_pop() == depth == 0
+    assert torch.cuda.nvtx.range_pop() == -1                # nothing left open
+    names = [event.name for event in prof.events()]
+    for expected in ("iteration 0", "iteration 1", "forward 0", "forward 1", "backward",
+                     "optimizer step", "logged"):
+        assert expected in names
+    # Ranges nest as pushed: the forward's matmul is inside "forward 0".
+    forward = next(e for e in prof.events() if e.name == "forward 0")
+    assert any(child.name.startswith("aten::") for child in forward.cpu_children)
 
 
 def test_make_graphed_callables_runs_eagerly(shim):

@@ -39,7 +39,7 @@ def test_unknown_backend_lists_the_valid_ones():
 
 def test_settings_round_trip_through_the_environment():
     s = _settings.load({}, backend="cpu", device_count=2, report=True, honest="is_cuda",
-                       unsupported="warn")
+                       unsupported="raise")
     assert _settings.load(s.to_environ()) == s
 
 

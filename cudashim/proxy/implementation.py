@@ -335,4 +335,80 @@ class TorchCudaNccl(Implementation):
         return False
 
 
-IMPLEMENTATIONS = {cls.module: cls for cls in (TorchCuda, TorchCudaAmp, TorchCudaNccl)}
+class TorchCudaNvtx(Implementation):
+    """``torch.cuda.nvtx``: NVTX ranges become ranges of torch's own profiler
+    (``record_function``), so they appear in a ``torch.profiler`` trace on every target, and in
+    Intel VTune through ITT on XPU. Outside a profiler a range costs about a microsecond, as
+    an NVTX range does outside Nsight."""
+    module = "torch.cuda.nvtx"
+
+    def __init__(self, activation, real_module):
+        super().__init__(activation, real_module)
+        import threading
+        from torch.profiler import itt
+        self._pushed = threading.local()                # range_push/pop nest per thread
+        self._started: Dict[int, object] = {}           # range_start/end may cross threads
+        self._next_id = iter(range(1, 2 ** 63)).__next__
+        self._itt = itt if self.backend.device_type == "xpu" and itt.is_available() else None
+
+    def _open(self, msg):
+        scope = torch.autograd.profiler.record_function(str(msg))
+        scope.__enter__()
+        if self._itt is not None:
+            self._itt.range_push(str(msg))
+        return scope
+
+    def _close(self, scope) -> None:
+        if self._itt is not None:
+            self._itt.range_pop()
+        scope.__exit__(None, None, None)
+
+    def range_push(self, msg) -> int:
+        """Open a nested range; returns its zero-based depth, as NVTX does."""
+        stack = self._pushed.__dict__.setdefault("stack", [])
+        stack.append(self._open(msg))
+        return len(stack) - 1
+
+    def range_pop(self) -> int:
+        """Close the innermost range; returns its depth, or -1 when none is open (NVTX's
+        error value)."""
+        stack = self._pushed.__dict__.setdefault("stack", [])
+        if not stack:
+            return -1
+        self._close(stack.pop())
+        return len(stack)
+
+    def range_start(self, msg) -> int:
+        """Open a range that may end on another thread; returns its id."""
+        range_id = self._next_id()
+        self._started[range_id] = self._open(msg)
+        return range_id
+
+    def range_end(self, range_id) -> None:
+        scope = self._started.pop(range_id, None)
+        if scope is not None:
+            self._close(scope)
+
+    def mark(self, msg) -> None:
+        """An instant: a range that ends where it starts."""
+        self._close(self._open(msg))
+
+    def range(self, msg, *args, **kwargs):
+        """``with torch.cuda.nvtx.range("step {}", i):`` (also a decorator, as NVTX's is)."""
+        return _NvtxRange(self, msg.format(*args, **kwargs))
+
+
+class _NvtxRange(contextlib.ContextDecorator):
+    def __init__(self, nvtx, msg):
+        self.nvtx, self.msg = nvtx, msg
+
+    def __enter__(self):
+        self.nvtx.range_push(self.msg)
+        return self
+
+    def __exit__(self, *exc):
+        self.nvtx.range_pop()
+        return False
+
+
+IMPLEMENTATIONS = {cls.module: cls for cls in (TorchCuda, TorchCudaAmp, TorchCudaNccl, TorchCudaNvtx)}

@@ -97,14 +97,16 @@ def answer_by_caller(api, real, ours, became, report=None):
 
 def refusal(api, way_out, harmless, is_class, backend, settings, report=None):
     """A stand-in that raises UnsupportedCudaAPI (or, for harmless APIs under
-    ``unsupported="warn"``, warns once and does nothing)."""
+    ``unsupported="warn"``, the default, warns once and does nothing)."""
 
     def refuse(*args, **kwargs):
         if harmless and settings.unsupported == "warn":
             warn_once(api, f"{api} does nothing on the '{backend.name}' backend ({way_out})")
             if report is not None:
                 report.count(api, "no-op")
-            return contextlib.nullcontext()
+            if api in surface.HARMLESS_CONTEXTS:
+                return contextlib.nullcontext()
+            return surface.HARMLESS_ANSWERS.get(api)
         if report is not None:
             report.count(api, "refused")
         raise UnsupportedCudaAPI(api, backend.name, way_out)

@@ -5,8 +5,9 @@ SHIM      cudashim's own implementation, on top of the backend (implementation.p
 SAME      the real object is right everywhere (exception classes)
 SUBMODULE a proxied submodule
 REFUSED   no equivalent: raises UnsupportedCudaAPI naming the way out
-HARMLESS  no equivalent, but doing nothing is safe: refused by default, a no-op with a
-          warning once under ``unsupported="warn"``
+HARMLESS  no equivalent, but doing nothing is safe: by default a no-op that warns once
+          (answering what doing nothing means, ``HARMLESS_ANSWERS``); refused under
+          ``unsupported="raise"``
 
 BACKEND, SHIM and SUBMODULE are derived from the code that provides them; the table below
 holds only the names that need a reason (SAME, REFUSED, HARMLESS). A name in a submodule
@@ -75,9 +76,6 @@ SURFACE: Dict[str, Dict[str, Tuple[str, str]]] = {
             "all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "init_rank",
             "unique_id", "version"]},
     },
-    "torch.cuda.nvtx": {n: (HARMLESS, "use torch.profiler.record_function for named ranges")
-                        for n in ["range_push", "range_pop", "range_start", "range_end", "mark",
-                                  "range"]},
     "torch.cuda.profiler": {n: (HARMLESS, _NO_PROFILER) for n in ["start", "stop", "profile"]},
     "torch.cuda.sparse": {n: (REFUSED, _NO_SPARSE_LEGACY) for n in [
         "BFloat16Tensor", "ByteTensor", "CharTensor", "DoubleTensor", "FloatTensor",
@@ -90,6 +88,22 @@ SURFACE: Dict[str, Dict[str, Tuple[str, str]]] = {
         "mgpu_tune_gemm_in_file", "set_rotating_buffer_size", "get_rotating_buffer_size",
         "set_numerical_check_tolerances"]},
 }
+
+# What a harmless API answers when it does nothing (None where it names no answer): TunableOp
+# is off and has tuned nothing; the CUDA profiler's capture range is an empty block.
+HARMLESS_ANSWERS: Dict[str, object] = {
+    "torch.cuda.tunable.is_enabled": False,
+    "torch.cuda.tunable.tuning_is_enabled": False,
+    "torch.cuda.tunable.record_untuned_is_enabled": False,
+    "torch.cuda.tunable.get_max_tuning_duration": 0,
+    "torch.cuda.tunable.get_max_tuning_iterations": 0,
+    "torch.cuda.tunable.get_rotating_buffer_size": 0,
+    "torch.cuda.tunable.get_filename": "",
+    "torch.cuda.tunable.get_results": (),
+    "torch.cuda.tunable.get_validators": (),
+    "torch.cuda.tunable.read_file": False,
+}
+HARMLESS_CONTEXTS = frozenset({"torch.cuda.profiler.profile"})
 
 UNCLASSIFIED_WAY_OUT = ("this torch release added it after cudashim's table was written; "
                         "please report it")
