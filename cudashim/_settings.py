@@ -81,6 +81,25 @@ def _name_set(valid: Callable[[], Tuple[str, ...]], what: str):
     return parse
 
 
+def _parse_modules(value, where):
+    """Module names, each optionally prefixed with "-" (take a default one out)."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    chosen = frozenset(i.strip() for i in items if i.strip())
+    bad = sorted(m for m in chosen if not all(part.isidentifier() for part in m.lstrip("-").split(".")))
+    if bad:
+        raise ValueError(f"{where}{value!r}: not a module name: {', '.join(bad)} "
+                         "(give dotted module names, '-name' to take a default one out)")
+    return chosen
+
+
+def _parse_cuda_version(value, where):
+    text = str(value).strip()
+    parts = text.split(".")
+    if len(parts) not in (2, 3) or not all(part.isdigit() for part in parts):
+        raise ValueError(f"{where}{value!r}: expected a CUDA version such as 12.8")
+    return text
+
+
 def _parse_unsupported(value, where):
     text = str(value).strip().lower()
     if text not in UNSUPPORTED_POLICIES:
@@ -131,6 +150,12 @@ OPTIONS: Tuple[Option, ...] = (
     Option("honest", "CUDASHIM_HONEST", frozenset(),
            _name_set(lambda: tuple(HONEST_QUESTIONS), "question(s)"), metavar="Q[,Q]",
            format=_format_set, help="answer these truthfully: " + ", ".join(HONEST_QUESTIONS)),
+    Option("honest_for", "CUDASHIM_HONEST_FOR", frozenset(), _parse_modules, metavar="MODULE[,MODULE]",
+           format=_format_set,
+           help="modules that hear the truth about CUDA, besides torch and the libraries that load "
+                "native CUDA code (bitsandbytes, flash_attn, ...); '-name' takes one of those out"),
+    Option("cuda_version", "CUDASHIM_CUDA_VERSION", "12.8", _parse_cuda_version, metavar="X.Y",
+           help="the torch.version.cuda the program and its libraries hear (default 12.8)"),
     Option("unsupported", "CUDASHIM_UNSUPPORTED", "warn", _parse_unsupported,
            choices=UNSUPPORTED_POLICIES,
            help="harmless unsupported CUDA APIs (the CUDA profiler's start/stop, TunableOp) "

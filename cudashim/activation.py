@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 
 import wrapt
 
-from . import _settings, backends
+from . import _settings, backends, callers
 from .errors import warn_once
 from .registry import PatchRegistry
 
@@ -165,6 +165,8 @@ def _install(settings) -> Activation:
     report = Report(backend.name) if (settings.report or settings.report_json) else None
     activation = Activation(settings, backend, reason, registry,
                             DeviceTranslator(backend, report), report)
+    callers.configure(settings.honest_for)
+    registry.add_undo("who hears the truth", lambda: callers.configure(()))
     try:
         patches.apply_all(activation)
     except BaseException:

@@ -1,32 +1,112 @@
 """The caller policy: who asks decides which answer they hear.
 
-torch's internals must hear the truth (a CPU is not CUDA), or they take CUDA-only paths; the
-user's program and its libraries hear the compatible answer.
+Some code must hear the truth about CUDA: torch's own modules (a CPU is not CUDA, or they take
+CUDA-only paths), and libraries that load native CUDA code behind the same questions
+(``torch.cuda.is_available()``, ``torch.version.cuda``, ``Tensor.is_cuda``). Told "CUDA is
+here", bitsandbytes loads its CUDA library and dies on a build without CUDA; told the truth,
+it runs its CPU backend. The program and every other library hear the compatible answer,
+which is what lets unmodified CUDA code run.
+
+``HONEST_BY_DEFAULT`` is the one table of who hears the truth; ``--honest-for`` adds modules
+(``mylib``) or takes default ones out (``-bitsandbytes``). A module is matched with its
+submodules (``deepspeed.ops`` covers ``deepspeed.ops.op_builder.builder``). Each question
+asks ``hears_truth()`` about the frame that asked it, cached per code object.
 """
 
 from __future__ import annotations
 
 import sys
+from typing import Dict, Iterable, Tuple
 
-_BY_CODE: dict = {}          # code object -> whether it belongs to torch (a hot-path cache)
+# module -> why it hears the truth
+HONEST_BY_DEFAULT: Dict[str, str] = {
+    "torch": "torch's internals choose CUDA-only code paths (inductor, CUDA IPC) on these answers",
+    "bitsandbytes": "loads its CUDA library when told CUDA is there; its CPU backend runs otherwise",
+    "flash_attn": "its kernels are CUDA C++",
+    "xformers": "dispatches to CUDA C++ kernels when told CUDA is there",
+    "triton": "compiles for the GPU it is told of",
+    "apex": "its fused kernels are CUDA C++ extensions",
+    "cupy": "runs on the CUDA runtime",
+    "deepspeed.ops": "DeepSpeed's op builders compile CUDA C++ with nvcc",
+    "vllm": "its kernels are CUDA C++ and triton",
+    "transformer_engine": "its kernels are CUDA C++",
+    "mamba_ssm": "its selective-scan kernels are CUDA C++",
+    "causal_conv1d": "its kernels are CUDA C++",
+    "auto_gptq": "its quantized kernels are CUDA C++",
+    "awq": "its quantized kernels are CUDA C++",
+    "exllamav2": "its kernels are CUDA C++",
+}
+
+_honest: Tuple[str, ...] = tuple(HONEST_BY_DEFAULT)
+# Hot-path caches: id(code object) -> (the code object, the answer). Keyed by identity:
+# code objects compare equal by content, so the same function in two modules (a library's
+# and the program's) would share an answer. Holding the code keeps its id from being reused.
+_BY_CODE: dict = {}
 _BY_CODE_LIMIT = 8192
 
 
-def asked_by_torch(depth: int = 2) -> bool:
-    """Whether the function ``depth - 1`` frames up was called from torch's own code.
+def honest_set(honest_for: Iterable[str] = ()) -> Tuple[str, ...]:
+    """Who hears the truth under the setting: the defaults, plus each name in
+    ``honest_for``, minus each ``-name``. torch always does (see the module doc)."""
+    modules = dict.fromkeys(HONEST_BY_DEFAULT)
+    for entry in sorted(honest_for):
+        if entry.startswith("-"):
+            modules.pop(entry[1:], None)
+        else:
+            modules[entry] = None
+    modules["torch"] = None
+    return tuple(modules)
 
-    torch's internals must hear the truth (a CPU is not CUDA), or they take CUDA-only
-    paths; the user's program and its libraries hear the compatible answer. The answer is
-    cached per calling code object: one dict lookup instead of reading the module name.
-    """
+
+def configure(honest_for: Iterable[str] = ()) -> None:
+    """Put ``honest_set(honest_for)`` in force."""
+    global _honest
+    _honest = honest_set(honest_for)
+    _BY_CODE.clear()
+
+
+def honest_modules() -> Tuple[str, ...]:
+    return _honest
+
+
+def hears_truth(depth: int = 2) -> bool:
+    """Whether the code ``depth - 1`` frames up (the caller of the function asking) hears
+    the truth. One dict lookup per call once its code object has been seen."""
     frame = sys._getframe(depth)
     code = frame.f_code
-    known = _BY_CODE.get(code)
-    if known is None:
-        known = is_torch_module(frame.f_globals.get("__name__", ""))
-        if len(_BY_CODE) < _BY_CODE_LIMIT:
-            _BY_CODE[code] = known
+    cached = _BY_CODE.get(id(code))
+    if cached is not None and cached[0] is code:
+        return cached[1]
+    known = is_honest_module(frame.f_globals.get("__name__", ""))
+    if len(_BY_CODE) < _BY_CODE_LIMIT:
+        _BY_CODE[id(code)] = (code, known)
     return known
+
+
+_TORCH_BY_CODE: dict = {}    # as _BY_CODE: whether the code is torch's own
+
+
+def asked_by_torch(depth: int = 2) -> bool:
+    """Whether torch itself asks (not any honest library): for the questions only torch's
+    internals ask while acting on the program's devices (``get_device_module("cuda")``)."""
+    frame = sys._getframe(depth)
+    code = frame.f_code
+    cached = _TORCH_BY_CODE.get(id(code))
+    if cached is not None and cached[0] is code:
+        return cached[1]
+    known = is_torch_module(frame.f_globals.get("__name__", ""))
+    if len(_TORCH_BY_CODE) < _BY_CODE_LIMIT:
+        _TORCH_BY_CODE[id(code)] = (code, known)
+    return known
+
+
+def asking_module(depth: int = 2) -> str:
+    """The module of the code ``depth - 1`` frames up (for the report)."""
+    return sys._getframe(depth).f_globals.get("__name__", "?")
+
+
+def is_honest_module(name: str) -> bool:
+    return any(name == module or name.startswith(module + ".") for module in _honest)
 
 
 def is_torch_module(name: str) -> bool:

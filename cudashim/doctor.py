@@ -13,7 +13,7 @@ import platform
 import sys
 import traceback
 
-from . import __version__, backends
+from . import __version__, backends, callers
 from .backends.base import module_found
 from .errors import BackendUnavailableError
 
@@ -74,6 +74,8 @@ def doctor(settings) -> int:
                 f"{q}={'honest' if settings.is_honest(q) else 'compatible'}"
                 for q in ("is_available", "is_cuda")) +
                 f", unsupported APIs: {settings.unsupported}, report: {'on' if settings.report else 'off'}\n")
+            out(f"the truth about CUDA goes to: {', '.join(callers.honest_set(settings.honest_for))}; "
+                f"everyone else hears CUDA {settings.cuda_version}\n")
             out("patch groups:\n")
             width = max(map(len, patches.GROUPS))
             for name, off in patches.states(settings):

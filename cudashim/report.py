@@ -28,6 +28,7 @@ class Report:
     def __init__(self, backend_name: str):
         self.backend_name = backend_name
         self.entries: Dict[str, dict] = {}
+        self.askers: Dict[str, Dict[str, str]] = {}      # question -> {module: what it heard}
         self._lock = threading.Lock()
         self._skip = _SKIP_DIRS + tuple(d for d in (_torch_dir(),) if d)
 
@@ -38,6 +39,16 @@ class Report:
                 entry = self.entries.setdefault(
                     api, {"calls": 0, "became": str(became), "first_call": self._call_site()})
         entry["calls"] += 1
+
+    def heard(self, question: str, module: str, honest: bool) -> None:
+        """Record that ``module`` (its top-level package) asked ``question`` and heard the
+        truth or the compatible answer (the caller policy's decision)."""
+        top = module.partition(".")[0] or "?"
+        answers = self.askers.get(question)
+        if answers is None:
+            with self._lock:
+                answers = self.askers.setdefault(question, {})
+        answers.setdefault(top, "the truth" if honest else "the compatible answer")
 
     def _call_site(self) -> str:
         """file:line of the first frame outside cudashim, torch and runpy (the user's code)."""
@@ -60,7 +71,8 @@ class Report:
     # --- output -----------------------------------------------------------------------
     def as_dict(self) -> dict:
         return {"backend": self.backend_name, "rank": os.environ.get("RANK"), "pid": os.getpid(),
-                "apis": {k: dict(v) for k, v in sorted(self.entries.items())}}
+                "apis": {k: dict(v) for k, v in sorted(self.entries.items())},
+                "asked": {k: dict(sorted(v.items())) for k, v in sorted(self.askers.items())}}
 
     def render(self) -> str:
         rank = os.environ.get("RANK")
@@ -74,6 +86,11 @@ class Report:
         lines = [title]
         for r in rows:
             lines.append("  ".join(r[i].ljust(widths[i]) if i < 3 else r[i] for i in range(4)))
+        if self.askers:
+            lines.append("who asked, and what they heard:")
+            for question, answers in sorted(self.askers.items()):
+                heard = ", ".join(f"{module}: {answer}" for module, answer in sorted(answers.items()))
+                lines.append(f"  {question}  {heard}")
         return "\n".join(lines) + "\n"
 
     def write(self, json_path: Optional[str], print_table: bool) -> None:

@@ -11,7 +11,7 @@ import weakref
 
 import torch
 
-from ..callers import asked_by_torch
+from ..callers import hears_truth
 from ._group_exit import NcclGroupExit
 from .rewriter import BOUND_DEVICE, BOUND_DEVICES, BOUND_INDICES, DEVICE, DEVICE_TYPE, \
     Argument, Rewrite, rewrite, rewritten
@@ -172,7 +172,7 @@ def install(activation):
         def make_get_backend(original):
             def get_backend(group=None):
                 real = original(group)
-                if asked_by_torch():       # torch chooses devices by the real library
+                if hears_truth():       # torch chooses devices by the real library
                     return real
                 spelling = spellings.spelling(group, group is None or real == original(None))
                 if spelling is None:

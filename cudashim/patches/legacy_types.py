@@ -13,7 +13,7 @@ import functools
 import torch
 
 from .. import legacy_types
-from ..callers import asked_by_torch
+from ..callers import hears_truth
 from .tensors import on_target_check
 
 
@@ -31,7 +31,7 @@ def _tensor_type(activation):
     def make_type(original):
         def type_(self, dtype=None, non_blocking=False, **kwargs):
             if dtype is None:
-                if not settings.is_honest("is_cuda") and on_target(self) and not asked_by_torch():
+                if not settings.is_honest("is_cuda") and on_target(self) and not hears_truth():
                     return legacy_types.TENSOR_NAME_BY_DTYPE.get(self.dtype) or original(self)
                 return original(self)
             name = legacy_types.cuda_tensor_name(dtype)

@@ -9,7 +9,7 @@ import functools
 
 import torch
 
-from ..callers import asked_by_torch
+from ..callers import hears_truth
 from .rewriter import DEVICE, apply, rewrite
 
 REWRITES = (
@@ -58,7 +58,7 @@ def install(activation):
         real_is_cuda = vars(torch._C.TensorBase)["is_cuda"].__get__
 
         def is_cuda(self):
-            if asked_by_torch():
+            if hears_truth():
                 return real_is_cuda(self)
             return on_target(self) or real_is_cuda(self)
 
@@ -66,7 +66,7 @@ def install(activation):
 
         def make_get_device(original):
             def get_device(self):
-                if on_target(self) and not asked_by_torch():
+                if on_target(self) and not hears_truth():
                     return backend.current_device() if backend.device_type == "cpu" else original(self)
                 return original(self)
             return functools.wraps(original)(get_device)

@@ -4,8 +4,13 @@ Where the target is an accelerator torch knows (XPU, NPU, HPU, MPS), the device 
 translated and torch answers. The CPU is no accelerator to ``torch.accelerator``: every call
 that names a device fails there ("Accelerator expected"). On the CPU target, a call that names
 the program's device (CUDA, or the CPU device its ``torch.device("cuda")`` became) gets the
-answer of its ``torch.cuda`` counterpart instead, as the proxy gives it; a call naming no
-device stays torch's.
+answer of its ``torch.cuda`` counterpart instead, as the proxy gives it.
+
+On the CPU, the program also sees through ``torch.accelerator`` the machine ``torch.cuda``
+shows it (one consistent machine): ``current_accelerator()`` is the target device,
+``is_available()`` and ``device_count()`` agree with ``torch.cuda``, and calls naming no
+device answer for the current one. torch and the libraries that load CUDA code hear the
+truth (``callers``): no accelerator.
 """
 
 import functools
@@ -14,6 +19,7 @@ import sys
 
 import torch
 
+from ..callers import asking_module, hears_truth
 from .rewriter import DEVICE, apply, rewrite
 
 # torch.accelerator function -> its torch.cuda counterpart. Each takes one device (or index)
@@ -46,7 +52,8 @@ TRANSLATES = tuple((d.target, d.arguments[0].parameter) for d in DEVICE_ARGUMENT
 
 
 def install(activation):
-    """An accelerator: translate. The CPU: a call naming the target goes to ``torch.cuda``."""
+    """An accelerator: translate. The CPU: a call naming the target (or, from the program,
+    naming none) goes to ``torch.cuda``."""
     if torch.accelerator.current_accelerator() is not None:
         for declaration in DEVICE_ARGUMENTS:
             apply(activation, declaration)
@@ -57,7 +64,9 @@ def install(activation):
         """Whether ``device`` means the target: a CUDA spec, an index (a CUDA index in a CUDA
         program's vocabulary), or a CPU device (what the program's ``torch.device("cuda")``
         became). Natively every one of them fails here: there is no accelerator."""
-        if device is None or device.__class__ is bool:
+        if device is None:
+            return not hears_truth(3)          # the caller of the torch.accelerator function
+        if device.__class__ is bool:
             return False
         if device.__class__ is int:
             return True
@@ -75,6 +84,36 @@ def install(activation):
                                lambda original, c=counterpart: _answered_by_cuda(original, c, names_target))
     activation.replace(torch.accelerator, "device_index",
                        lambda original: _device_index(original, names_target))
+    _one_machine(activation)
+
+
+def _one_machine(activation):
+    """``current_accelerator``, ``is_available``, ``device_count`` and the current index, as
+    ``torch.cuda`` answers them, for everyone but the honest."""
+    backend, report = activation.backend, activation.report
+    target = torch._C.device(backend.device_type)
+    cuda = lambda: sys.modules["torch.cuda"]                     # noqa: E731 (the proxy, once in)
+    answers = {
+        "current_accelerator": lambda check_available=False: target,
+        "is_available": lambda: cuda().is_available(),
+        "device_count": lambda: cuda().device_count(),
+        "current_device_index": lambda: cuda().current_device(),
+        "current_device_idx": lambda: cuda().current_device(),
+    }
+    for name, answer in answers.items():
+        if not hasattr(torch.accelerator, name):
+            continue
+
+        def make(original, name=name, answer=answer):
+            @functools.wraps(original)
+            def by_caller(*args, **kwargs):
+                honest = hears_truth()
+                if report is not None:
+                    report.heard(f"torch.accelerator.{name}", asking_module(), honest)
+                return original(*args, **kwargs) if honest else answer(*args, **kwargs)
+            return by_caller
+
+        activation.replace(torch.accelerator, name, make)
 
 
 def _answered_by_cuda(original, counterpart, names_target):

@@ -11,7 +11,7 @@ import contextlib
 import types
 from typing import Dict
 
-from ..callers import asked_by_torch
+from ..callers import asking_module, hears_truth
 from ..errors import UnsupportedCudaAPI, warn_once
 from . import surface
 from .forwarders import forwarded_names, forwarder
@@ -77,16 +77,18 @@ def _bind(real, name, real_top, proxies, bound, activation):
 
 
 def answer_by_caller(api, real, ours, became, report=None):
-    """torch's own modules call the real function, so torch behaves exactly as it does
-    without cudashim (inductor, for one, branches on what torch.cuda raises); the program
-    and its libraries call ours."""
+    """Who hears the truth (torch's own modules, the libraries that load CUDA code: the
+    caller policy) calls the real function, so torch behaves exactly as it does without
+    cudashim (inductor, for one, branches on what torch.cuda raises); the program and its
+    other libraries call ours."""
 
     def function(*args, **kwargs):
-        if asked_by_torch():
-            return real(*args, **kwargs)
+        honest = hears_truth()
         if report is not None:
-            report.count(api, became)
-        return ours(*args, **kwargs)
+            report.heard(api, asking_module(), honest)
+            if not honest:
+                report.count(api, became)
+        return real(*args, **kwargs) if honest else ours(*args, **kwargs)
 
     function.__name__ = function.__qualname__ = ours.__name__
     function.__doc__ = ours.__doc__ or getattr(real, "__doc__", None)
