@@ -125,3 +125,14 @@ def test_bad_policy_settings_are_refused_with_one_line():
         _settings.load({}, honest_for="my-lib")
     with pytest.raises(ValueError, match="CUDASHIM_CUDA_VERSION='twelve': expected a CUDA version"):
         _settings.load({"CUDASHIM_CUDA_VERSION": "twelve"})
+
+
+def test_bitsandbytes_runs_its_cpu_backend_because_it_hears_the_truth():
+    pytest.importorskip("bitsandbytes")
+    result = python("-m", "cudashim", "tests/programs/int8_layers.py", timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "quantized layers within" in result.stdout
+    # Told "CUDA is here" instead, it loads its CUDA backend and dies on a build without CUDA.
+    told = python("-m", "cudashim", "--honest-for=-bitsandbytes", "tests/programs/int8_layers.py",
+                  timeout=240)
+    assert told.returncode != 0 and "_cuda_getCurrentRawStream" in told.stderr
