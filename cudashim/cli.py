@@ -2,7 +2,7 @@
 
     python -m cudashim [options] script.py args...     (also -m module, -c code)
     cudashim run [options] script.py args...           (the same)
-    cudashim doctor [--backend NAME]                   (what cudashim sees here)
+    cudashim doctor [--backend NAME] [--kernels]       (what cudashim sees here)
     cudashim image-env [--backend NAME ...]            (the lines that shim every Python in an image)
 """
 
@@ -112,6 +112,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     commands = parser.add_subparsers(dest="command", metavar="{run,doctor,image-env}")
     commands.add_parser("run", add_help=False, help="run a program (same as python -m cudashim)")
     doctor = commands.add_parser("doctor", help="show what cudashim sees here and self-check it")
+    doctor.add_argument("--kernels", action="store_true",
+                        help="list the dtypes CUDA kernels take and the target's refuse, and how "
+                             "cudashim computes them")
     _add_setting_options(doctor)
     image_env = commands.add_parser("image-env", help="print the environment that shims every Python "
                                                       "started with it (for a container image)")
@@ -129,4 +132,5 @@ def main(argv: Optional[List[str]] = None) -> None:
             print(f"{name}={value}")
         return None
     from .doctor import doctor as run_doctor
-    raise SystemExit(run_doctor(settings))
+    from .doctor import kernel_gaps
+    raise SystemExit(kernel_gaps(settings) if ns.kernels else run_doctor(settings))

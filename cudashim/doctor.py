@@ -45,6 +45,37 @@ def self_check() -> None:
     assert torch.cuda.is_available() and torch.cuda.device_count() >= 1
 
 
+def kernel_gaps(settings) -> int:
+    """``cudashim doctor --kernels``: the dtype gaps of the target's kernels, and their fill."""
+    import torch
+
+    from .kernels.gap_fill import compute_dtype
+    from .patches import kernel_gaps as gaps_group
+
+    backend_cls, _ = backends.resolve(settings.backend)
+    out = sys.stdout.write
+    if backend_cls.device_type != "cpu":
+        out(f"kernel gaps: known for the CPU only (from torch's operator database); the "
+            f"'{backend_cls.name}' backend's kernels are used as they are\n")
+        return 0
+    found = gaps_group.gaps()
+    out(f"kernel gaps on the CPU (torch {torch.__version__}): {len(found)} functions take dtypes "
+        f"on CUDA that the CPU's kernels refuse; each computes in a wider dtype and casts back\n")
+    width = max(len(f"{o.__name__}.{a}") for o, a, _, _ in found)
+    for owner, attribute, dtypes, methods in found:
+        fills = ", ".join(f"{str(d).replace('torch.', '')} in {str(compute_dtype(d)).replace('torch.', '')}"
+                          for d in sorted(dtypes, key=str))
+        also = f"  (also Tensor.{', Tensor.'.join(methods)})" if methods else ""
+        out(f"  {owner.__name__ + '.' + attribute:{width}s}  {fills}{also}\n")
+    from .kernels.dtype_gaps import UNFILLED
+    if UNFILLED:
+        out("found and not filled (the CPU has no wider dtype that computes them; they fail as "
+            "natively):\n")
+        for name, dtype_names in UNFILLED.items():
+            out(f"  {'torch.' + name:{width}s}  {', '.join(dtype_names)}\n")
+    return 0
+
+
 def doctor(settings) -> int:
     import torch
 

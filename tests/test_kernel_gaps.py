@@ -1,0 +1,143 @@
+"""Dtypes CUDA kernels take and the CPU's refuse: the table is torch's own, each fill
+computes what a wider kernel computes, and nothing else is touched."""
+
+import functools
+import sys
+import warnings
+
+import pytest
+import torch
+
+from conftest import ROOT, python
+
+from cudashim.kernels.dtype_gaps import GAPS
+from cudashim.kernels.gap_fill import compute_dtype
+
+# The reference computes in the widest dtype of the gap's kind.
+WIDEST = {torch.bool: torch.uint8, torch.float16: torch.float64, torch.bfloat16: torch.float64,
+          torch.complex32: torch.complex128, **{d: torch.float64 for d in (
+              torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)}}
+TOLERANCE = {torch.float16: 2e-2, torch.bfloat16: 5e-2, torch.complex32: 2e-2}
+# Ops that draw random numbers: their reference draws the same numbers, in the dtype the fill
+# computes in (a float64 draw is another stream).
+RANDOM = {"nn.functional.rrelu"}
+
+
+@functools.lru_cache(maxsize=None)
+def _op_db():
+    pytest.importorskip("expecttest")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from torch.testing._internal.common_methods_invocations import op_db
+    return op_db
+
+
+def test_the_table_is_what_this_torch_says():
+    result = python("scripts/kernel_gaps.py", "--check", timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert GAPS["abs"][0] == ("bool",)                 # the gap a transformer's eval step hits
+
+
+def _resolve(name):
+    target = torch
+    for part in name.split("."):
+        target = getattr(target, part)
+    return target
+
+
+def _cases():
+    for op in _op_db():
+        if op.name not in GAPS:
+            continue
+        for dtype_name in GAPS[op.name][0]:
+            dtype = getattr(torch, dtype_name)
+            if dtype not in op.supported_dtypes("cuda"):
+                continue                                   # another variant's gap (div's modes)
+            for sample in list(op.sample_inputs("cpu", dtype, requires_grad=False))[:3]:
+                yield op, dtype, sample
+
+
+def _widened(value, gap, wide):
+    return value.to(wide) if isinstance(value, torch.Tensor) and value.dtype == gap else value
+
+
+def test_every_fill_computes_what_a_wider_kernel_computes():
+    import cudashim as shim
+    cases = list(_cases())                 # before activation: OpInfo parses "cuda" itself
+    shim.activate("cpu")
+    checked = set()
+    for op, gap, sample in cases:
+        function = _resolve(op.name)                       # the filled one: op.op is torch's own
+        assert getattr(function, "cudashim_gap_dtypes", None), op.name
+        wide = compute_dtype(gap) if op.name in RANDOM else WIDEST[gap]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.manual_seed(0)
+            result = function(sample.input, *sample.args, **sample.kwargs)
+            torch.manual_seed(0)
+            reference = shim.get_original(*_owner_and_name(op.name))(
+                _widened(sample.input, gap, wide), *[_widened(a, gap, wide) for a in sample.args],
+                **{k: _widened(v, gap, wide) for k, v in sample.kwargs.items()})
+        results = result if isinstance(result, (tuple, list)) else (result,)
+        references = reference if isinstance(reference, (tuple, list)) else (reference,)
+        for got, want in zip(results, references):
+            if not isinstance(got, torch.Tensor):
+                continue
+            # CUDA's dtype: the gap's own where the op keeps its input's dtype, else of the
+            # kind the op promotes to (trace(bool) is an integer, angle(complex32) a float).
+            if want.dtype == wide:
+                assert got.dtype == gap, (op.name, gap, got.dtype)
+            else:
+                assert (got.dtype.is_complex, got.dtype.is_floating_point) == \
+                    (want.dtype.is_complex, want.dtype.is_floating_point), (op.name, gap, got.dtype)
+            # Against the wide reference rounded to the result's dtype, as CUDA's result is,
+            # where that is finite (past half's range both overflow, to inf or nan).
+            rounded = want.to(got.dtype).to(want.dtype)
+            finite = torch.isfinite(rounded) if rounded.is_floating_point() or rounded.is_complex() \
+                else torch.ones_like(rounded, dtype=torch.bool)
+            tolerance = TOLERANCE.get(gap, 0)
+            torch.testing.assert_close(got.to(want.dtype)[finite], rounded[finite], rtol=tolerance,
+                                       atol=tolerance, equal_nan=True, msg=f"{op.name} in {gap}")
+        checked.add((op.name, gap))
+    assert len(checked) >= len(GAPS)
+
+
+def _owner_and_name(name):
+    module_name, _, attribute = f"torch.{name}".rpartition(".")
+    return sys.modules[module_name], attribute
+
+
+def test_methods_and_in_place_forms_are_filled_too(shim):
+    flags = torch.tensor([True, False, True])
+    assert torch.equal(flags.abs(), flags) and flags.abs().dtype == torch.bool
+    copy = flags.clone()
+    assert copy.abs_() is copy and torch.equal(copy, flags)
+    counts = torch.tensor([1, 2, 2, 3]).histc(bins=3, min=1, max=3)
+    assert counts.tolist() == [1, 2, 1] and counts.dtype == torch.int64
+
+
+def test_only_functions_with_a_gap_are_wrapped(shim):
+    assert torch.add is shim.get_original(torch, "add")
+    assert torch.Tensor.add is shim.get_original(torch.Tensor, "add")
+    assert torch.abs is not shim.get_original(torch, "abs")
+    x = torch.randn(5)
+    assert torch.equal(torch.abs(x), shim.get_original(torch, "abs")(x))
+
+
+def test_an_eval_step_taking_abs_of_a_bool_mask_runs():
+    program = ("import torch\n"
+               "pred, labels = torch.tensor([1, 0, 2]), torch.tensor([1, 1, 2])\n"
+               "print('agreement', torch.abs(pred == labels).sum().item())\n")
+    result = python("-m", "cudashim", "-c", program)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "agreement 2" in result.stdout
+    without = python("-m", "cudashim", "--disable", "kernel_gaps", "-c", program)
+    assert without.returncode != 0 and "not implemented for 'Bool'" in without.stderr
+
+
+def test_doctor_lists_the_gaps_and_how_each_is_computed():
+    result = python("-c", "from cudashim.cli import main; main(['doctor', '--kernels'])")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"{len(GAPS)} functions" in result.stdout
+    line = next(line for line in result.stdout.splitlines() if line.strip().startswith("torch.abs "))
+    assert "bool in uint8" in line and "Tensor.abs_" in line
