@@ -116,9 +116,25 @@ def test_harmless_apis_do_nothing_and_warn_once_by_default():
     cudashim.deactivate()
 
 
+def test_emit_nvtx_does_nothing_on_the_cpu_and_warns_once(shim):
+    import warnings
+    model = torch.nn.Linear(2, 2).cuda()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):                     # Megatron's --profile: every step in emit_nvtx
+            with torch.autograd.profiler.emit_nvtx(record_shapes=True):
+                model(torch.ones(1, 2, device="cuda")).sum().backward()
+    ours = [w for w in caught if issubclass(w.category, shim.CudashimWarning)]
+    assert len(ours) == 1 and "emit_nvtx records nothing on the 'cpu' backend" in str(ours[0].message)
+    assert model.weight.grad is not None
+
+
 def test_harmless_apis_raise_under_the_strict_setting():
     import cudashim
     cudashim.activate("cpu", unsupported="raise")
+    with pytest.raises(cudashim.UnsupportedCudaAPI, match="torch.autograd.profiler.emit_nvtx"):
+        with torch.autograd.profiler.emit_nvtx():
+            pass
     with pytest.raises(cudashim.UnsupportedCudaAPI, match="torch.cuda.profiler.start"):
         torch.cuda.profiler.start()
     torch.cuda.nvtx.mark("ranges are no refusal")
