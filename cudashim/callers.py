@@ -38,10 +38,10 @@ HONEST_BY_DEFAULT: Dict[str, str] = {
 }
 
 _honest: Tuple[str, ...] = tuple(HONEST_BY_DEFAULT)
-# Hot-path caches: id(code object) -> (the code object, the answer). Keyed by identity:
-# code objects compare equal by content, so the same function in two modules (a library's
-# and the program's) would share an answer. Holding the code keeps its id from being reused.
-_BY_CODE: dict = {}
+# The hot-path caches map id(code object) -> (the code object, the answer). Keyed by
+# identity: code objects compare equal by content, so the same function in two modules (a
+# library's and the program's) would share an answer. Holding the code keeps its id from
+# being reused.
 _BY_CODE_LIMIT = 8192
 
 
@@ -69,40 +69,24 @@ def honest_modules() -> Tuple[str, ...]:
     return _honest
 
 
-def hears_truth(depth: int = 2) -> bool:
-    """Whether the code ``depth - 1`` frames up (the caller of the function asking) hears
-    the truth. One dict lookup per call once its code object has been seen."""
-    frame = sys._getframe(depth)
-    code = frame.f_code
-    cached = _BY_CODE.get(id(code))
-    if cached is not None and cached[0] is code:
-        return cached[1]
-    known = is_honest_module(frame.f_globals.get("__name__", ""))
-    if len(_BY_CODE) < _BY_CODE_LIMIT:
-        _BY_CODE[id(code)] = (code, known)
-    return known
+def _asking(module_decides):
+    """A question about the code ``depth - 1`` frames up (the caller of the function
+    asking), decided by its module's name: one dict lookup per call once its code object
+    has been seen."""
+    cache: dict = {}
 
+    def ask(depth: int = 2) -> bool:
+        frame = sys._getframe(depth)
+        code = frame.f_code
+        cached = cache.get(id(code))
+        if cached is not None and cached[0] is code:
+            return cached[1]
+        known = module_decides(frame.f_globals.get("__name__", ""))
+        if len(cache) < _BY_CODE_LIMIT:
+            cache[id(code)] = (code, known)
+        return known
 
-_TORCH_BY_CODE: dict = {}    # as _BY_CODE: whether the code is torch's own
-
-
-def asked_by_torch(depth: int = 2) -> bool:
-    """Whether torch itself asks (not any honest library): for the questions only torch's
-    internals ask while acting on the program's devices (``get_device_module("cuda")``)."""
-    frame = sys._getframe(depth)
-    code = frame.f_code
-    cached = _TORCH_BY_CODE.get(id(code))
-    if cached is not None and cached[0] is code:
-        return cached[1]
-    known = is_torch_module(frame.f_globals.get("__name__", ""))
-    if len(_TORCH_BY_CODE) < _BY_CODE_LIMIT:
-        _TORCH_BY_CODE[id(code)] = (code, known)
-    return known
-
-
-def asking_module(depth: int = 2) -> str:
-    """The module of the code ``depth - 1`` frames up (for the report)."""
-    return sys._getframe(depth).f_globals.get("__name__", "?")
+    return ask, cache
 
 
 def is_honest_module(name: str) -> bool:
@@ -111,3 +95,16 @@ def is_honest_module(name: str) -> bool:
 
 def is_torch_module(name: str) -> bool:
     return name == "torch" or name.startswith("torch.")
+
+
+# Whether the caller hears the truth.
+hears_truth, _BY_CODE = _asking(is_honest_module)
+# Whether torch itself asks (not any honest library): for the questions only torch's
+# internals ask while acting on the program's devices (``get_device_module("cuda")``).
+asked_by_torch, _ = _asking(is_torch_module)
+
+
+def asking_module(depth: int = 2) -> str:
+    """The module of the code ``depth - 1`` frames up (for the report)."""
+    return sys._getframe(depth).f_globals.get("__name__", "?")
+
