@@ -68,11 +68,18 @@ def kernel_gaps(settings) -> int:
         also = f"  (also Tensor.{', Tensor.'.join(methods)})" if methods else ""
         out(f"  {owner.__name__ + '.' + attribute:{width}s}  {fills}{also}\n")
     from .kernels.dtype_gaps import UNFILLED
+    from .kernels.gap_fill import why_not_filled
     if UNFILLED:
-        out("found and not filled (the CPU has no wider dtype that computes them; they fail as "
-            "natively):\n")
+        import textwrap
+        out("found and not filled (these calls fail as they do natively):\n")
+        by_dtype = {}
         for name, dtype_names in UNFILLED.items():
-            out(f"  {'torch.' + name:{width}s}  {', '.join(dtype_names)}\n")
+            for dtype_name in dtype_names:
+                by_dtype.setdefault(dtype_name, []).append(f"torch.{name}")
+        for dtype_name, names in sorted(by_dtype.items()):
+            out(f"  {dtype_name}: {why_not_filled(getattr(torch, dtype_name))}\n")
+            out(textwrap.fill(", ".join(names), width=96, initial_indent="    ",
+                              subsequent_indent="    ") + "\n")
     return 0
 
 

@@ -97,7 +97,7 @@ def render(found, unfilled) -> str:
         dtypes, methods = found[name]
         method_names = "".join(f'"{m}", ' for m in sorted(methods)).rstrip(" ")
         lines.append(f'    "{name}": (({_names(dtypes)}), ({method_names})),\n')
-    lines.append("}\n\n# Found, but the CPU has no wider dtype that computes them.\nUNFILLED = {\n")
+    lines.append("}\n\n# Found and not filled (gap_fill.why_not_filled says why).\nUNFILLED = {\n")
     for name in sorted(unfilled):
         lines.append(f'    "{name}": ({_names(unfilled[name])}),\n')
     lines.append("}\n")

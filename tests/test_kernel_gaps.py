@@ -15,9 +15,9 @@ from cudashim.kernels.gap_fill import compute_dtype
 
 # The reference computes in the widest dtype of the gap's kind.
 WIDEST = {torch.bool: torch.uint8, torch.float16: torch.float64, torch.bfloat16: torch.float64,
-          torch.complex32: torch.complex128, **{d: torch.float64 for d in (
+          **{d: torch.float64 for d in (
               torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)}}
-TOLERANCE = {torch.float16: 2e-2, torch.bfloat16: 5e-2, torch.complex32: 2e-2}
+TOLERANCE = {torch.float16: 2e-2, torch.bfloat16: 5e-2}
 # Ops that draw random numbers: their reference draws the same numbers, in the dtype the fill
 # computes in (a float64 draw is another stream).
 RANDOM = {"nn.functional.rrelu"}
@@ -119,6 +119,9 @@ def test_methods_and_in_place_forms_are_filled_too(shim):
 def test_only_functions_with_a_gap_are_wrapped(shim):
     assert torch.add is shim.get_original(torch, "add")
     assert torch.Tensor.add is shim.get_original(torch.Tensor, "add")
+    # Hot ops whose only gap is complex32 (experimental in torch) are left unwrapped.
+    assert torch.sum is shim.get_original(torch, "sum")
+    assert torch.Tensor.pow is shim.get_original(torch.Tensor, "pow")
     assert torch.abs is not shim.get_original(torch, "abs")
     x = torch.randn(5)
     assert torch.equal(torch.abs(x), shim.get_original(torch, "abs")(x))

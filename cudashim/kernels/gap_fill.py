@@ -19,21 +19,29 @@ _WIDER = {
     torch.bool: torch.uint8,          # abs, trace, softsign: the same values, an integer kernel
     torch.float16: torch.float32,
     torch.bfloat16: torch.float32,
-    torch.complex32: torch.complex64,
     **{dtype: torch.float64 for dtype in (torch.uint8, torch.int8, torch.int16, torch.int32,
                                           torch.int64)},      # histc counts in floating point
 }
 # gap dtype -> {dtype a wide result comes in: the dtype CUDA gives it}
 _BACK = {
     torch.float16: {torch.float32: torch.float16, torch.complex64: torch.complex32},
-    torch.complex32: {torch.complex64: torch.complex32, torch.float32: torch.float16},
     torch.bfloat16: {torch.float32: torch.bfloat16},
 }
+# Gaps left on purpose, and why.
+NOT_FILLED = {
+    torch.complex32: "ComplexHalf is experimental in torch, and its gaps are in hot ops (sum, "
+                     "pow, div, exp, ...) that would all pay for a wrapper",
+}
+NO_WIDER_DTYPE = "the CPU has no wider dtype that computes it"
 
 
 def compute_dtype(dtype) -> Optional[torch.dtype]:
-    """The dtype a gap in ``dtype`` computes in; None where no wider one exists."""
+    """The dtype a gap in ``dtype`` computes in; None where it is not filled."""
     return _WIDER.get(dtype)
+
+
+def why_not_filled(dtype) -> str:
+    return NOT_FILLED.get(dtype, NO_WIDER_DTYPE)
 
 
 def filled(function, dtypes, inplace_of=None):
