@@ -170,7 +170,9 @@ def translated_parameters() -> Dict[Tuple[int, str], str]:
 
 
 def classification_tables() -> Dict[str, Dict[Tuple[int, str], str]]:
-    """{kind: {(id(function), parameter): how or why}} for the declared and listed kinds."""
+    """{kind: {(id(function), parameter): how or why}} for the declared and listed kinds.
+    Functions are known by identity: build the tables and enumerate while cudashim is not
+    active (active, the names resolve to the replacements)."""
     return {TRANSLATED: translated_parameters(), DELEGATED: _keyed(DELEGATED_TO),
             UNTOUCHED: _keyed(UNTOUCHED_BECAUSE)}
 
