@@ -153,7 +153,8 @@ OPTIONS: Tuple[Option, ...] = (
     Option("honest_for", "CUDASHIM_HONEST_FOR", frozenset(), _parse_modules, metavar="MODULE[,MODULE]",
            format=_format_set,
            help="modules that hear the truth about CUDA, besides torch and the libraries that load "
-                "native CUDA code (bitsandbytes, flash_attn, ...); '-name' takes one of those out"),
+                "native CUDA code (bitsandbytes, flash_attn, ...); --honest-for=-name takes one of "
+                "those out"),
     Option("cuda_version", "CUDASHIM_CUDA_VERSION", "12.8", _parse_cuda_version, metavar="X.Y",
            help="the torch.version.cuda the program and its libraries hear (default 12.8)"),
     Option("unsupported", "CUDASHIM_UNSUPPORTED", "warn", _parse_unsupported,
