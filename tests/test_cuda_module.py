@@ -4,6 +4,8 @@ import time
 import pytest
 import torch
 
+from conftest import python
+
 
 def test_proxy_is_installed_everywhere_torch_cuda_is_reached(shim):
     proxy = sys.modules["torch.cuda"]
@@ -175,3 +177,24 @@ def test_make_graphed_callables_runs_eagerly(shim):
     model = torch.nn.Linear(2, 2)
     with pytest.warns(shim.CudashimWarning, match="eagerly"):
         assert torch.cuda.make_graphed_callables(model, (torch.ones(1, 2),)) is model
+
+
+def test_a_program_profiling_with_nvtx_runs_under_the_launcher():
+    program = (
+        "import torch\n"
+        "from torch.profiler import profile, ProfilerActivity\n"
+        "model = torch.nn.Linear(4, 4).cuda()\n"
+        "torch.cuda.profiler.start()\n"
+        "with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:\n"
+        "    for step in range(3):\n"
+        "        torch.cuda.nvtx.range_push(f'step {step}')\n"
+        "        with torch.autograd.profiler.emit_nvtx():\n"
+        "            model(torch.randn(2, 4, device='cuda')).sum().backward()\n"
+        "        torch.cuda.nvtx.range_pop()\n"
+        "torch.cuda.profiler.stop()\n"
+        "print(sorted(e.name for e in prof.events() if e.name.startswith('step')))\n")
+    result = python("-m", "cudashim", "-c", program)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "['step 0', 'step 1', 'step 2']" in result.stdout
+    assert result.stderr.count("does nothing on the 'cpu' backend") == 2    # start and stop, once each
+    assert result.stderr.count("emit_nvtx records nothing") == 1
