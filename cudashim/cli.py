@@ -4,6 +4,7 @@
     cudashim run [options] script.py args...           (the same)
     cudashim doctor [--backend NAME] [--kernels]       (what cudashim sees here)
     cudashim image-env [--backend NAME ...]            (the lines that shim every Python in an image)
+    cudashim scan [PATH ...] [--backend NAME] [--json] (what will carry over, read before running)
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="cudashim", description="Run CUDA PyTorch programs anywhere.")
     parser.add_argument("--version", action="version", version=f"cudashim {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="{run,doctor,image-env}")
+    commands = parser.add_subparsers(dest="command", metavar="{run,doctor,image-env,scan}")
     commands.add_parser("run", add_help=False, help="run a program (same as python -m cudashim)")
     doctor = commands.add_parser("doctor", help="show what cudashim sees here and self-check it")
     doctor.add_argument("--kernels", action="store_true",
@@ -119,12 +120,23 @@ def main(argv: Optional[List[str]] = None) -> None:
     image_env = commands.add_parser("image-env", help="print the environment that shims every Python "
                                                       "started with it (for a container image)")
     _add_setting_options(image_env)
+    scan = commands.add_parser(
+        "scan", help="read Python sources and report every CUDA usage: handled, needs a change, "
+                     "or cannot run here (exit status 1 when something blocks, 2 on bad input)")
+    scan.add_argument("paths", nargs="*", default=["."], metavar="PATH",
+                      help="files or folders (default: the current folder)")
+    scan.add_argument("--backend", default=backends.AUTO,
+                      help=f"classify for this target: auto (this machine's, the default), "
+                           f"{', '.join(backends.BUILT_IN)}")
+    scan.add_argument("--json", action="store_true", help="print the findings as JSON")
     if argv[:1] == ["run"]:
         return run_main(argv[1:], prog="cudashim run")
     ns = parser.parse_args(argv)
     if ns.command is None:
         parser.print_help()
         raise SystemExit(2)
+    if ns.command == "scan":
+        raise SystemExit(_scan(scan, ns))
     settings = _load_settings(doctor if ns.command == "doctor" else image_env, ns)
     if ns.command == "image-env":
         from . import launcher
@@ -134,3 +146,26 @@ def main(argv: Optional[List[str]] = None) -> None:
     from .doctor import doctor as run_doctor
     from .doctor import kernel_gaps
     raise SystemExit(kernel_gaps(settings) if ns.kernels else run_doctor(settings))
+
+
+def _scan(parser, ns) -> int:
+    from .errors import UnknownBackendError
+    from .scan import output, scan
+
+    try:
+        backends.check_name(ns.backend)
+    except UnknownBackendError as exc:
+        parser.error(str(exc))
+    progress = _progress_line if sys.stderr.isatty() and not ns.json else None
+    result = scan(ns.paths, backend=ns.backend, progress=progress)
+    if progress is not None:
+        sys.stderr.write("\r\033[K")
+    sys.stdout.write(output.as_json(result) if ns.json else output.as_text(result))
+    return result.exit_status
+
+
+def _progress_line(done: int, known: int) -> None:
+    """One line on the terminal, rewritten, while a long scan runs."""
+    if done % 25 == 0:
+        sys.stderr.write(f"\rcudashim scan: {done}/{known} files")
+        sys.stderr.flush()

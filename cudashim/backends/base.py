@@ -52,6 +52,9 @@ class Backend:
     device_hint: ClassVar[str] = ""
     redirects: ClassVar[bool] = True          # False only for CUDA pass-through
     profiler_activity: ClassVar[Optional[str]] = None     # ProfilerActivity replacing CUDA
+    # Kernel languages whose compilers build for the device ("triton" on XPU); CUDA C++ and
+    # triton kernels in a program run only where their language is listed.
+    kernel_languages: ClassVar[Tuple[str, ...]] = ()
 
     def __init__(self, settings):
         self.settings = settings

@@ -10,6 +10,7 @@ from .base import Backend
 class CUDABackend(Backend):
     name = "cuda"
     device_type = "cuda"
+    kernel_languages = ("cuda", "triton")
     default_collective = "nccl"
     visible_devices_var = None
     redirects = False

@@ -1,0 +1,130 @@
+"""``cudashim scan``: what of a CUDA program will carry over to a target, read before it runs.
+
+Python sources are parsed with ``ast``, never imported. Every CUDA usage is one finding:
+
+- **handled**: the runtime redirects it (what it becomes on the target is named);
+- **needs a change**: no runtime shim can catch it (a string compare with the real device),
+  with the fix;
+- **cannot run here**: native CUDA code (a CUDA C++ extension, triton or CuPy kernels, a CUDA
+  library loaded by hand), with the way out.
+
+The scan follows the program: the files named, the Python files in folders named, and the
+local modules they import. ``ScanResult.exit_status`` is 0 when nothing blocks the program,
+1 when something needs a change or cannot run here, 2 when an input could not be read.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import os
+import tokenize
+from collections import Counter, deque
+from pathlib import Path
+from typing import Callable, Iterable, List, Optional
+
+from .files import LocalModules, python_files
+from .findings import BLOCKERS, CLASSES, Finding
+from .rules import FileScanner
+from .target import Target
+
+
+@dataclasses.dataclass
+class ScanResult:
+    target: Target
+    files: List[str]
+    findings: List[Finding]
+    errors: List[str]
+
+    def counts(self) -> Counter:
+        return Counter(finding.kind for finding in self.findings)
+
+    def blocked_files(self) -> Counter:
+        """{file: how many blockers} for the files with any."""
+        return Counter(f.path for f in self.findings if f.kind in BLOCKERS)
+
+    @property
+    def exit_status(self) -> int:
+        if self.errors:
+            return 2
+        return 1 if self.blocked_files() else 0
+
+    def as_dict(self) -> dict:
+        counts = self.counts()
+        return {"backend": self.target.name, "device_type": self.target.device_type,
+                "backend_chosen": self.target.how_chosen, "files_scanned": len(self.files),
+                "summary": {kind: counts.get(kind, 0) for kind in CLASSES},
+                "files_with_blockers": dict(sorted(self.blocked_files().items())),
+                "errors": self.errors, "exit_status": self.exit_status,
+                "findings": [finding.as_dict() for finding in self.findings]}
+
+
+def scan(paths: Iterable[str] = (".",), backend: str = "auto",
+         progress: Optional[Callable[[int, int], None]] = None) -> ScanResult:
+    """Scan ``paths`` (files or folders) for the backend named (``auto``: this machine's)."""
+    target = Target.named(backend)
+    queue, roots, errors = deque(), [], []
+    for given in paths:
+        path = Path(given)
+        if path.is_dir():
+            roots.append(path)
+            queue.extend(python_files(path))
+        elif path.is_file():
+            roots.append(path.parent)
+            queue.append(path)
+        else:
+            errors.append(f"{given}: no such file or directory")
+    modules = LocalModules(roots)
+    seen, files, findings = set(), [], []
+    while queue:
+        path = queue.popleft()
+        key = path.resolve()
+        if key in seen:
+            continue
+        seen.add(key)
+        files.append(_shown(path))
+        tree, source = _parse(path, errors)
+        if tree is not None:
+            scanner = FileScanner(_shown(path), source, target,
+                                  lambda module, level, importer=path: modules.is_local(importer, module, level))
+            findings.extend(scanner.scan(tree))
+            queue.extend(_imported_files(tree, path, modules))
+        if progress is not None:
+            progress(len(files), len(files) + len(queue))
+    findings.sort(key=lambda f: (CLASSES.index(f.kind), f.path, f.line, f.column))
+    return ScanResult(target, files, findings, errors)
+
+
+def _shown(path: Path) -> str:
+    """A path as the user would write it: relative to the working folder when under it."""
+    try:
+        shown = os.path.relpath(path)
+    except ValueError:                               # another drive, on Windows
+        return str(path)
+    return str(path) if shown.startswith("..") else shown
+
+
+def _parse(path: Path, errors: List[str]):
+    try:
+        with tokenize.open(path) as file:            # honours the file's encoding declaration
+            source = file.read()
+        return ast.parse(source, filename=str(path)), source
+    except SyntaxError as exc:
+        errors.append(f"{_shown(path)}:{exc.lineno}: cannot parse: {exc.msg}")
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        errors.append(f"{_shown(path)}: cannot read: {exc}")
+    return None, ""
+
+
+def _imported_files(tree: ast.AST, importer: Path, modules: LocalModules) -> List[Path]:
+    found: List[Path] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found += modules.resolve(importer, alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            found += modules.resolve(importer, node.module, node.level)
+            for alias in node.names:           # "from pkg import module" reads pkg/module.py
+                name = f"{node.module}.{alias.name}" if node.module else alias.name
+                found += modules.resolve(importer, name, node.level)
+    return found

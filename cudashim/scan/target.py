@@ -1,0 +1,137 @@
+"""What the runtime does on one target, read from the tables the runtime itself uses.
+
+The ``torch.cuda`` surface (``proxy.surface``), the backend's class (device type, collective
+library, visible-devices variable, kernel languages) and the patch groups' own declarations
+(``patches.extensions``) answer every question the scanner asks about code the runtime
+redirects. Nothing here is listed a second time: a name the proxy forwards is "handled"
+because the proxy forwards it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import types
+from typing import Dict, Optional, Tuple
+
+from .. import backends
+from ..proxy import surface
+from .findings import CANNOT_RUN, HANDLED, NEEDS_CHANGE
+
+Verdict = Tuple[str, str, Optional[str]]          # (class, what happens, the fix or way out)
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """The backend a scan classifies for, by its class: it need not be present here."""
+    name: str
+    device_type: str
+    collective: str
+    visible_devices_var: Optional[str]
+    redirects: bool
+    kernel_languages: Tuple[str, ...]
+    how_chosen: str
+
+    @classmethod
+    def named(cls, name: str = backends.AUTO) -> "Target":
+        """The backend ``name`` (``auto``: the one this machine would use)."""
+        if name == backends.AUTO:
+            backend_cls, how = backends.resolve(name)[0], "detected on this machine"
+        else:
+            backend_cls, how = backends.backend_class(name), "named explicitly"
+        device_type = backend_cls.device_type
+        accelerator_type = getattr(backend_cls, "accelerator_type", None)
+        if accelerator_type is not None:
+            device_type = accelerator_type() or device_type
+        return cls(backend_cls.name, device_type, backend_cls.default_collective,
+                   backend_cls.visible_devices_var, backend_cls.redirects,
+                   backend_cls.kernel_languages, how)
+
+    # --- torch.cuda, through the proxy's own classification ---------------------------
+    def cuda_name(self, qualname: str) -> Verdict:
+        """What ``torch.cuda.<...>`` (a module or a name in one) becomes."""
+        if not self.redirects:
+            return HANDLED, "native CUDA", None
+        table, modules = _cuda_surface()
+        parts = qualname.split(".")
+        for depth in range(len(parts), 1, -1):          # the longest name the surface knows
+            known = ".".join(parts[:depth])
+            if known not in table:
+                continue
+            if known in modules and depth < len(parts):
+                return self._not_in_surface(known, parts[depth])
+            return self._surface_verdict(*table[known])
+        return self._not_in_surface("torch", "cuda")
+
+    def _not_in_surface(self, module: str, name: str) -> Verdict:
+        if name.startswith("_"):
+            return (NEEDS_CHANGE, f"a private name of the real {module}, which cudashim does not "
+                                  f"redirect: on the '{self.name}' target it reaches no CUDA",
+                    "use the public torch.cuda API it stands for")
+        return (NEEDS_CHANGE, f"{module} has no public name '{name}' in this torch",
+                "check the name against the installed torch")
+
+    def _surface_verdict(self, kind: str, way_out: Optional[str]) -> Verdict:
+        if kind == surface.BACKEND:
+            return HANDLED, f"answered for the {self.device_type} device by the '{self.name}' backend", None
+        if kind == surface.SHIM:
+            return HANDLED, f"cudashim's own implementation on the '{self.name}' backend", None
+        if kind == surface.SUBMODULE:
+            return HANDLED, "cudashim's proxy for this module", None
+        if kind == surface.SAME:
+            return HANDLED, "the real object, right on every target", None
+        if kind == surface.HARMLESS:
+            return HANDLED, f"does nothing on the '{self.name}' target and warns once", way_out
+        return (NEEDS_CHANGE, f"raises UnsupportedCudaAPI on the '{self.name}' target",
+                way_out or surface.UNCLASSIFIED_WAY_OUT)
+
+    # --- device specs, process-group backends, visible devices -------------------------
+    def device(self, spec: str, index) -> Verdict:
+        """``index``: the spec's index, "N" when the program computes it, or None."""
+        if not self.redirects:
+            return HANDLED, "native CUDA", None
+        if self.device_type == "cpu":
+            became = "'cpu' (host memory" + (f", the CPU backend's virtual device {index})"
+                                             if index is not None else ")")
+        else:
+            became = f"'{self.device_type}" + (f":{index}'" if index is not None else "'")
+        return HANDLED, f"the device '{spec}' becomes {became}", None
+
+    def process_group(self, spec: str) -> Verdict:
+        if not self.redirects:
+            return HANDLED, "native CUDA", None
+        return HANDLED, f"the process-group backend '{spec}' becomes '{self.collective}'", None
+
+    def visible_devices(self) -> Verdict:
+        if not self.redirects:
+            return HANDLED, "native CUDA", None
+        if self.visible_devices_var:
+            return HANDLED, f"copied to {self.visible_devices_var} for the '{self.name}' runtime", None
+        if self.device_type == "cpu":
+            return HANDLED, "sizes the CPU backend's virtual CUDA devices", None
+        return HANDLED, f"read as it is: the '{self.name}' backend has no visible-devices variable", None
+
+    def runs(self, language: str) -> bool:
+        """Whether kernels written in ``language`` ("cuda", "triton") run on the target."""
+        return language in self.kernel_languages
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_surface():
+    """({"torch.cuda.<...>": (kind, way out)}, the module names among them) for the real
+    torch.cuda, its submodules and every public name in them, classified as the proxy
+    classifies them."""
+    import torch.cuda
+
+    table: Dict[str, Tuple[str, Optional[str]]] = {}
+    modules = set()
+    for module in surface.real_submodules(torch.cuda):
+        modules.add(module.__name__)
+        table[module.__name__] = (surface.SUBMODULE, None)
+        for name in surface.public_names(module):
+            if isinstance(getattr(module, name, None), types.ModuleType):
+                continue                        # listed as a module of its own
+            classified = surface.classify(torch.cuda, module, name)
+            table[f"{module.__name__}.{name}"] = classified or (surface.REFUSED,
+                                                                surface.UNCLASSIFIED_WAY_OUT)
+    return table, frozenset(modules)

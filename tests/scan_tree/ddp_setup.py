@@ -1,0 +1,30 @@
+"""DistributedDataParallel set-up, as torchrun launches it."""
+import os
+
+import torch
+import torch.distributed as dist
+from torch import cuda
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def setup(model):
+    local_rank = int(os.environ["LOCAL_RANK"])
+    cuda.set_device(local_rank)  # scan: handled
+    dist.init_process_group(backend="nccl")  # scan: handled
+    assert dist.get_backend() == dist.Backend.NCCL  # scan: handled
+    model = model.to(f"cuda:{local_rank}")  # scan: handled
+    ddp = DDP(model, device_ids=[local_rank], output_device=local_rank)
+    if torch.cuda.get_device_capability()[0] >= 8:  # scan: handled
+        torch.backends.cuda.matmul.allow_tf32 = True  # scan: handled
+    return ddp
+
+
+def capture(step):
+    graph = torch.cuda.CUDAGraph()  # scan: needs a change
+    with torch.cuda.graph(graph):  # scan: needs a change
+        step()
+    return graph
+
+
+def cleanup():
+    dist.destroy_process_group()

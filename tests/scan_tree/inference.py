@@ -1,0 +1,15 @@
+"""Generation with flash attention, imported under an alias."""
+import torch as th
+from flash_attn import flash_attn_func  # scan: cannot run here
+
+from kernels.fused import add
+
+
+@th.no_grad()
+def attend(q, k, v):
+    q, k, v = (t.half().to("cuda:0") for t in (q, k, v))  # scan: handled
+    if not q.is_cuda:  # scan: handled
+        raise RuntimeError("inputs must be on the GPU")
+    out = flash_attn_func(q, k, v, causal=True)
+    th.cuda._sleep(100)  # scan: needs a change
+    return add(out, out)

@@ -1,0 +1,221 @@
+"""``cudashim scan`` on code written the way CUDA programs are written, and the run-time
+refusal of CUDA C++ extension builds that the scan predicts."""
+
+import json
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, python
+
+TREE = ROOT / "tests" / "scan_tree"
+MARK = re.compile(r"#\s*scan:\s*(.+?)\s*$")
+
+
+def _scan(paths, backend="cpu", cwd=TREE, monkeypatch=None):
+    from cudashim.scan import scan
+    monkeypatch.chdir(cwd)
+    return scan(paths, backend=backend)
+
+
+def _marks(folder: Path):
+    """{(file, line, class)} for every "# scan: <class>" comment under ``folder``."""
+    marks = set()
+    for path in folder.rglob("*.py"):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            found = MARK.search(line)
+            if found:
+                marks.add((str(path.relative_to(folder)), number, found.group(1)))
+    return marks
+
+
+def _by_line(result):
+    return {(f.path, f.line, f.kind) for f in result.findings}
+
+
+def test_every_finding_in_the_tree_is_expected_and_every_expected_one_is_found(monkeypatch):
+    result = _scan(["."], monkeypatch=monkeypatch)
+    assert not result.errors
+    assert _by_line(result) == _marks(TREE)
+    assert "data.py" in result.files                        # read, and nothing found in it
+    assert not [f for f in result.findings if f.path == "data.py"]
+    assert result.exit_status == 1
+
+
+def test_fixes_name_the_concrete_replacement(monkeypatch):
+    result = _scan(["."], monkeypatch=monkeypatch)
+    fixes = {(f.path, f.line): f.fix for f in result.findings if f.kind == "needs a change"}
+    assert fixes[("train.py", 22)] == "x.is_cuda"
+    # th is torch here: the fix is written with the file's own alias
+    assert fixes[("telemetry.py", 19)] == "name.startswith(th.device('cuda').type)"
+    assert fixes[("telemetry.py", 22)] == "kind == th.device('cuda').type"
+    assert fixes[("telemetry.py", 8)] == "th.device('cuda').type in str(device)"
+    graph = fixes[("ddp_setup.py", 24)]
+    from cudashim.proxy.surface import SURFACE
+    assert graph == SURFACE["torch.cuda"]["graph"][1]       # the runtime's own way out
+
+
+def test_what_a_finding_becomes_is_named_for_the_target(monkeypatch):
+    import cudashim.backends as backends
+
+    cpu = {(f.path, f.line): f.what for f in _scan(["."], monkeypatch=monkeypatch).findings}
+    assert cpu[("inference.py", 10)] == ("the device 'cuda:0' becomes 'cpu' (host memory, the CPU "
+                                         "backend's virtual device 0)")
+    assert cpu[("ddp_setup.py", 13)] == "the process-group backend 'nccl' becomes 'gloo'"
+    xpu = _scan(["."], backend="xpu", monkeypatch=monkeypatch)
+    found = {(f.path, f.line): f for f in xpu.findings}
+    assert found[("inference.py", 10)].what == "the device 'cuda:0' becomes 'xpu:0'"
+    assert found[("ddp_setup.py", 15)].what == "the device 'cuda:{local_rank}' becomes 'xpu:{local_rank}'"
+    collective = backends.backend_class("xpu").default_collective
+    assert found[("ddp_setup.py", 13)].what == f"the process-group backend 'nccl' becomes '{collective}'"
+    # triton compiles for XPU: the kernel is handled there, and blocks on the CPU
+    assert found[("kernels/fused.py", 10)].kind == "handled"
+    assert "native triton" in found[("kernels/fused.py", 10)].what
+
+
+def test_on_real_cuda_everything_is_native(monkeypatch):
+    result = _scan(["."], backend="cuda", monkeypatch=monkeypatch)
+    assert result.findings and {f.kind for f in result.findings} == {"handled"}
+    assert result.exit_status == 0
+
+
+def test_torch_cuda_names_are_classified_by_the_proxy_surface(tmp_path, monkeypatch):
+    import torch.cuda
+
+    from cudashim.proxy import surface
+
+    names = surface.public_names(torch.cuda)
+    (tmp_path / "uses.py").write_text(
+        "import torch\n" + "".join(f"x = torch.cuda.{name}\n" for name in names))
+    result = _scan(["uses.py"], cwd=tmp_path, monkeypatch=monkeypatch)
+    kinds = {f.line - 2: f.kind for f in result.findings}
+    assert len(kinds) == len(names)
+    for number, name in enumerate(names):
+        value = getattr(torch.cuda, name)
+        kind = (surface.SUBMODULE, None) if isinstance(value, type(torch)) else \
+            surface.classify(torch.cuda, torch.cuda, name)
+        expected = "needs a change" if kind[0] == surface.REFUSED else "handled"
+        assert kinds[number] == expected, name
+
+
+def test_aliases_and_devices_assigned_in_the_same_function(tmp_path, monkeypatch):
+    (tmp_path / "aliased.py").write_text(textwrap.dedent("""\
+        import torch as th
+        from torch import cuda
+        from torch.cuda import empty_cache as free
+
+
+        def step(batch):
+            dev = th.device("cuda")
+            if dev.type == "cuda":
+                cuda.synchronize()
+            free()
+            label = str(batch.device).split(":")[0]
+            return label != "cuda"
+
+
+        def unrelated(dev):
+            label = "cuda"
+            return label == "cuda" and dev == 1
+
+
+        def config(args):
+            device = "cuda"
+            return "cuda" in device
+        """))
+    result = _scan(["aliased.py"], cwd=tmp_path, monkeypatch=monkeypatch)
+    found = {(f.line, f.kind) for f in result.findings}
+    assert found == {(3, "handled"),           # from torch.cuda import empty_cache as free
+                     (7, "handled"),           # th.device("cuda")
+                     (8, "needs a change"),    # dev.type == "cuda"
+                     (9, "handled"),           # cuda.synchronize()
+                     (12, "needs a change"),   # label != "cuda", label made from a device
+                     (16, "handled"),          # "cuda", a spec the program holds
+                     (21, "handled")}          # the same: comparing its own strings is fine
+    fixes = {f.line: f.fix for f in result.findings if f.kind == "needs a change"}
+    assert fixes[8] == "dev.type == th.device('cuda').type"
+    assert fixes[12] == "not batch.is_cuda"             # label came from batch.device
+
+
+def test_follows_the_programs_own_imports_and_nothing_installed(monkeypatch):
+    result = _scan(["train.py"], monkeypatch=monkeypatch)
+    assert result.files == ["train.py", "data.py", "telemetry.py"]
+    result = _scan(["inference.py"], monkeypatch=monkeypatch)
+    assert result.files == ["inference.py", "kernels/fused.py"]
+
+
+def _cudashim_scan(*args, cwd):
+    """The ``cudashim scan`` console command, in a fresh interpreter."""
+    return python("-c", "from cudashim.cli import main; main()", "scan", *args, cwd=cwd)
+
+
+def test_command_line_summary_json_and_exit_status(tmp_path):
+    (tmp_path / "clean.py").write_text("import torch\nprint(torch.ones(2).sum())\n")
+    (tmp_path / "broken.py").write_text("import torch\ndef broken(:\n")
+
+    blocked = _cudashim_scan("--backend", "cpu", str(TREE), cwd=TREE)
+    assert blocked.returncode == 1, blocked.stderr
+    lines = blocked.stdout.splitlines()
+    assert lines[0].startswith("cudashim scan: 8 files for the 'cpu' backend")
+    needs_a_change = sum(1 for mark in _marks(TREE) if mark[2] == "needs a change")
+    assert lines[2].split() == ["needs", "a", "change", str(needs_a_change)]
+    assert "files with blockers:" in blocked.stdout
+    assert blocked.stdout.index("files with blockers:") < blocked.stdout.index("needs a change:")
+
+    clean = _cudashim_scan("--json", "clean.py", cwd=tmp_path)
+    assert clean.returncode == 0, clean.stderr
+    assert json.loads(clean.stdout)["summary"] == {"needs a change": 0, "cannot run here": 0,
+                                                   "handled": 0}
+
+    bad = _cudashim_scan("--json", ".", "missing.py", cwd=tmp_path)
+    assert bad.returncode == 2
+    report = json.loads(bad.stdout)
+    assert report["errors"] == ["missing.py: no such file or directory",
+                                "broken.py:2: cannot parse: invalid syntax"]
+    assert report["files_scanned"] == 2                     # the scan went on
+
+    unknown = _cudashim_scan("--backend", "tpu", ".", cwd=tmp_path)
+    assert unknown.returncode == 2 and "unknown cudashim backend 'tpu'" in unknown.stderr
+
+
+@pytest.mark.parametrize("builder, arguments, expected", [
+    ("CUDAExtension", {"name": "x", "sources": ["a.cpp", "k.cu"]}, ["a.cpp", "k.cu"]),
+    ("load", {"name": "x", "sources": ["a.cpp", "k.cu"]}, ["k.cu"]),
+    ("load", {"name": "x", "sources": ["a.cpp"]}, None),
+    ("load", {"name": "x", "sources": ["a.cpp"], "with_cuda": True}, ["with_cuda=True"]),
+    ("load", {"name": "x", "sources": ...}, None),                # unknown: names nothing
+    ("load_inline", {"name": "x", "cpp_sources": "", "cuda_sources": "k"}, ["inline CUDA sources"]),
+    ("load_inline", {"name": "x", "cpp_sources": "int f();"}, None),
+])
+def test_which_extension_builds_compile_cuda(builder, arguments, expected):
+    from cudashim.patches.extensions import cuda_sources
+    assert cuda_sources(builder, arguments) == expected
+
+
+def test_building_a_cuda_extension_under_the_shim_names_the_sources_and_the_way_out(shim):
+    import torch.utils.cpp_extension as cpp_extension
+
+    from cudashim.errors import UnsupportedCudaAPI
+
+    refusing = cpp_extension.load
+    with pytest.raises(UnsupportedCudaAPI, match=r"load is not supported .*\(k\.cu\); .*CppExtension"):
+        cpp_extension.load("ops", sources=["ops.cpp", "k.cu"])
+    with pytest.raises(UnsupportedCudaAPI, match="inline CUDA sources"):
+        cpp_extension.load_inline("ops", cpp_sources="", cuda_sources="__global__ void f() {}")
+    with pytest.raises(UnsupportedCudaAPI, match=r"\(ops\.cpp, k\.cu\)"):
+        cpp_extension.CUDAExtension("ops", ["ops.cpp", "k.cu"])
+    shim.deactivate()
+    assert cpp_extension.load is refusing.__wrapped__
+    with pytest.raises(OSError, match="CUDA_HOME"):            # torch's own error again
+        cpp_extension.CUDAExtension("ops", ["ops.cpp", "k.cu"])
+
+
+def test_a_setup_py_building_a_cuda_extension_fails_with_the_way_out(tmp_path):
+    result = python("-m", "cudashim", "--backend", "cpu", str(TREE / "ext" / "setup.py"),
+                    "build_ext", cwd=tmp_path)
+    assert result.returncode != 0
+    assert "UnsupportedCudaAPI: torch.utils.cpp_extension.CUDAExtension" in result.stderr
+    assert "fused_ops_kernel.cu" in result.stderr and "CppExtension" in result.stderr
+    assert "CUDA_HOME" not in result.stderr
