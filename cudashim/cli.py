@@ -125,9 +125,9 @@ def main(argv: Optional[List[str]] = None) -> None:
                      "or cannot run here (exit status 1 when something blocks, 2 on bad input)")
     scan.add_argument("paths", nargs="*", default=["."], metavar="PATH",
                       help="files or folders (default: the current folder)")
-    scan.add_argument("--backend", default=backends.AUTO,
+    scan.add_argument("--backend",
                       help=f"classify for this target: auto (this machine's, the default), "
-                           f"{', '.join(backends.BUILT_IN)}")
+                           f"{', '.join(backends.BUILT_IN)} [{_settings.BY_NAME['backend'].env}]")
     scan.add_argument("--json", action="store_true", help="print the findings as JSON")
     if argv[:1] == ["run"]:
         return run_main(argv[1:], prog="cudashim run")
@@ -149,15 +149,14 @@ def main(argv: Optional[List[str]] = None) -> None:
 
 
 def _scan(parser, ns) -> int:
-    from .errors import UnknownBackendError
     from .scan import output, scan
 
     try:
-        backends.check_name(ns.backend)
-    except UnknownBackendError as exc:
+        backend = _settings.load(backend=ns.backend).backend   # the option, else the variable
+    except ValueError as exc:                                  # an unknown backend is one too
         parser.error(str(exc))
     progress = _progress_line if sys.stderr.isatty() and not ns.json else None
-    result = scan(ns.paths, backend=ns.backend, progress=progress)
+    result = scan(ns.paths, backend=backend, progress=progress)
     if progress is not None:
         sys.stderr.write("\r\033[K")
     sys.stdout.write(output.as_json(result) if ns.json else output.as_text(result))

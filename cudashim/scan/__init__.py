@@ -88,7 +88,7 @@ def scan(paths: Iterable[str] = (".",), backend: str = "auto",
             scanner = FileScanner(_shown(path), source, target,
                                   lambda module, level, importer=path: modules.is_local(importer, module, level))
             findings.extend(scanner.scan(tree))
-            queue.extend(_imported_files(tree, path, modules))
+            queue.extend(_imported_files(scanner.import_statements, path, modules))
         if progress is not None:
             progress(len(files), len(files) + len(queue))
     findings.sort(key=lambda f: (CLASSES.index(f.kind), f.path, f.line, f.column))
@@ -116,9 +116,9 @@ def _parse(path: Path, errors: List[str]):
     return None, ""
 
 
-def _imported_files(tree: ast.AST, importer: Path, modules: LocalModules) -> List[Path]:
+def _imported_files(statements, importer: Path, modules: LocalModules) -> List[Path]:
     found: List[Path] = []
-    for node in ast.walk(tree):
+    for node in statements:
         if isinstance(node, ast.Import):
             for alias in node.names:
                 found += modules.resolve(importer, alias.name)

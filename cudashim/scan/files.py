@@ -40,13 +40,14 @@ class LocalModules:
     def resolve(self, importer: Path, module: Optional[str], level: int = 0) -> List[Path]:
         """The files ``from <level dots><module> import ...`` (or ``import module``) reads."""
         parts = module.split(".") if module else []
+        folder = _folder(importer)
         if level:
-            base = importer.resolve().parent
+            base = folder
             for _ in range(level - 1):
                 base = base.parent
             found = _module_file(base, tuple(parts))
             return [found] if found else []
-        for base in (importer.resolve().parent, *self.roots):
+        for base in (folder, *self.roots):
             found = _module_file(base, tuple(parts))
             if found is not None:
                 return [found]
@@ -54,6 +55,11 @@ class LocalModules:
 
     def is_local(self, importer: Path, module: Optional[str], level: int = 0) -> bool:
         return level > 0 or bool(self.resolve(importer, module, level))
+
+
+@functools.lru_cache(maxsize=None)
+def _folder(path: Path) -> Path:
+    return path.resolve().parent
 
 
 @functools.lru_cache(maxsize=None)

@@ -66,6 +66,7 @@ class FileScanner(ast.NodeVisitor):
         self.lines = source.splitlines()
         self.findings: List[Finding] = []
         self.imports: Dict[str, str] = {}          # local name -> qualified name
+        self.import_statements: List[ast.AST] = []
         self.scopes: List[Dict[str, Tuple[str, Optional[ast.expr]]]] = [{}]
         self.torch_name = "torch"
 
@@ -77,6 +78,8 @@ class FileScanner(ast.NodeVisitor):
     # --- names --------------------------------------------------------------------------
     def _collect_imports(self, tree: ast.AST) -> None:
         for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                self.import_statements.append(node)
             if isinstance(node, ast.Import):
                 for alias in node.names:
                     if alias.asname:
@@ -334,14 +337,38 @@ class FileScanner(ast.NodeVisitor):
             if self._cuda_literal(operand) is None:
                 self.visit(operand)
 
+    def visit_Match(self, node):                 # match dev.type: case "cuda": ...
+        device = self._device_string(node.subject)
+        for case in node.cases if device is not None else ():
+            pattern = case.pattern
+            values = pattern.patterns if isinstance(pattern, ast.MatchOr) else [pattern]
+            if any(isinstance(value, ast.MatchValue) and self._cuda_literal(value.value)
+                   for value in values):
+                self._add(pattern, self._string_match(device))
+        self.visit(node.subject)
+        for case in node.cases:                 # patterns are compared, not device arguments
+            for part in (case.guard, *case.body):
+                if part is not None:
+                    self.visit(part)
+
+    def _string_match(self, device):
+        if not self.target.redirects:
+            return HANDLED, "native CUDA", None
+        test = (f"{ast.unparse(device.value)}.is_cuda"
+                if isinstance(device, ast.Attribute) and device.attr == "device"
+                else f"{ast.unparse(device)}.type == {self.torch_name}.device('cuda').type")
+        return (NEEDS_CHANGE, f"matches the device's name against 'cuda'; at run time it is "
+                              f"'{self.target.device_type}' on the '{self.target.name}' target",
+                f"test `if {test}:` before the match")
+
     def _string_compare(self, node, device, literal: str, negated: bool, substring: bool) -> None:
         target = self.target
         if not target.redirects:
             self._add(node, (HANDLED, "native CUDA", None))
             return
-        what = (f"compares the device's name with {literal!r} as a string; at run time the device "
+        what = (f"compares the device's name with {literal!r} as a string: at run time the device "
                 f"is the real one ('{target.device_type}' on the '{target.name}' target), so the "
-                f"test is False where CUDA made it True")
+                f"test no longer sees CUDA")
         if isinstance(device, ast.Attribute) and device.attr == "device" and literal == "cuda" \
                 and (substring or isinstance(node, ast.Call) or isinstance(node, ast.Compare)
                      and _simple_equality(node)):

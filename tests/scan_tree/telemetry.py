@@ -20,3 +20,11 @@ def device_label(tensor):
         return name.split(":")[1]
     kind = dev.type
     return "gpu" if kind == "cuda" else "cpu"  # scan: needs a change
+
+
+def transfer_mode(batch):
+    match batch.device.type:
+        case "cuda":  # scan: needs a change
+            return "pinned"
+        case _:
+            return "pageable"
