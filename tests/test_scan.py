@@ -124,6 +124,10 @@ def test_aliases_and_devices_assigned_in_the_same_function(tmp_path, monkeypatch
         def config(args):
             device = "cuda"
             return "cuda" in device
+
+
+        def named(dev):
+            return f"{dev}" == "cuda:0"
         """))
     result = _scan(["aliased.py"], cwd=tmp_path, monkeypatch=monkeypatch)
     found = {(f.line, f.kind) for f in result.findings}
@@ -133,10 +137,12 @@ def test_aliases_and_devices_assigned_in_the_same_function(tmp_path, monkeypatch
                      (9, "handled"),           # cuda.synchronize()
                      (12, "needs a change"),   # label != "cuda", label made from a device
                      (16, "handled"),          # "cuda", a spec the program holds
-                     (21, "handled")}          # the same: comparing its own strings is fine
+                     (21, "handled"),          # the same: comparing its own strings is fine
+                     (26, "needs a change")}   # an f-string of a device
     fixes = {f.line: f.fix for f in result.findings if f.kind == "needs a change"}
     assert fixes[8] == "dev.type == th.device('cuda').type"
     assert fixes[12] == "not batch.is_cuda"             # label came from batch.device
+    assert fixes[26] == "f'{dev}' == str(th.device('cuda:0'))"
 
 
 def test_follows_the_programs_own_imports_and_nothing_installed(monkeypatch):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import os
 import tokenize
 from collections import Counter, deque
@@ -63,34 +64,38 @@ def scan(paths: Iterable[str] = (".",), backend: str = "auto",
          progress: Optional[Callable[[int, int], None]] = None) -> ScanResult:
     """Scan ``paths`` (files or folders) for the backend named (``auto``: this machine's)."""
     target = Target.named(backend)
-    queue, roots, errors = deque(), [], []
+    queue, queued, roots, errors = deque(), set(), [], []
+
+    def enqueue(files: Iterable[Path]) -> None:
+        for path in files:
+            key = path.resolve()
+            if key not in queued:
+                queued.add(key)
+                queue.append(path)
+
     for given in paths:
         path = Path(given)
         if path.is_dir():
             roots.append(path)
-            queue.extend(python_files(path))
+            enqueue(python_files(path))
         elif path.is_file():
             roots.append(path.parent)
-            queue.append(path)
+            enqueue([path])
         else:
             errors.append(f"{given}: no such file or directory")
     modules = LocalModules(roots)
-    seen, files, findings = set(), [], []
+    files, findings = [], []
     while queue:
         path = queue.popleft()
-        key = path.resolve()
-        if key in seen:
-            continue
-        seen.add(key)
         files.append(_shown(path))
         tree, source = _parse(path, errors)
         if tree is not None:
-            scanner = FileScanner(_shown(path), source, target,
-                                  lambda module, level, importer=path: modules.is_local(importer, module, level))
+            is_local = functools.partial(modules.is_local, path)
+            scanner = FileScanner(_shown(path), source, target, is_local)
             findings.extend(scanner.scan(tree))
-            queue.extend(_imported_files(scanner.import_statements, path, modules))
+            enqueue(_imported_files(scanner.import_statements, path, modules))
         if progress is not None:
-            progress(len(files), len(files) + len(queue))
+            progress(len(files), len(queued))
     findings.sort(key=lambda f: (CLASSES.index(f.kind), f.path, f.line, f.column))
     return ScanResult(target, files, findings, errors)
 

@@ -45,7 +45,7 @@ CUDA_ONLY_LIBRARIES: Dict[str, Tuple[str, str]] = {
 # Kernel decorators: the qualified prefix -> the kernel language
 KERNEL_DECORATORS: Dict[str, str] = {"triton.": "triton", "numba.cuda.": "cuda"}
 
-TRITON_WAY_OUT = ("write the op with torch operations (torch.compile generates kernels for the "
+KERNEL_WAY_OUT = ("write the op with torch operations (torch.compile generates kernels for the "
                   "target), or keep a torch fallback next to the kernel")
 
 _CUDA_LIBRARY_FILE = re.compile(

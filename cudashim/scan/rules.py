@@ -230,7 +230,7 @@ class FileScanner(ast.NodeVisitor):
                 if qualified.startswith(prefix):
                     self._add(decorator, self._native_or(language, (
                         CANNOT_RUN, f"a {language} kernel ('{node.name}') compiled for NVIDIA GPUs",
-                        libraries.TRITON_WAY_OUT)))
+                        libraries.KERNEL_WAY_OUT)))
                     return
 
     # --- names the runtime redirects -----------------------------------------------------
@@ -436,14 +436,6 @@ class _ReplaceLiteral(ast.NodeTransformer):
 
     def __init__(self, literal: str, expression: str):
         self.literal, self.expression = literal, ast.parse(expression, mode="eval").body
-
-    def visit_JoinedStr(self, node):
-        head = node.values[0] if node.values else None
-        if isinstance(head, ast.Constant) and head.value == "cuda:" and len(node.values) == 2:
-            index = "{" + ast.unparse(node.values[1].value) + "}"
-            self._add(node, self.target.device(f"cuda:{index}", index))
-            return                                          # f"cuda:{rank}"
-        self.generic_visit(node)
 
     def visit_Constant(self, node):
         return self.expression if node.value == self.literal else node

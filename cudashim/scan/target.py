@@ -16,7 +16,7 @@ from typing import Dict, Optional, Tuple
 
 from .. import backends
 from ..proxy import surface
-from .findings import CANNOT_RUN, HANDLED, NEEDS_CHANGE
+from .findings import HANDLED, NEEDS_CHANGE
 
 Verdict = Tuple[str, str, Optional[str]]          # (class, what happens, the fix or way out)
 
