@@ -21,3 +21,12 @@ def test_the_example_environment_runs_the_unmodified_example_under_the_shim():
     tox = (ROOT / "tox.ini").read_text()
     assert "python -m cudashim --report examples/gpt.py" in tox
     assert "torch==2.13.0" in tox
+
+
+def test_every_package_in_the_source_is_installed():
+    import tomllib
+
+    declared = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(init.parent.relative_to(ROOT).parts)
+             for init in (ROOT / "cudashim").rglob("__init__.py")}
+    assert found <= declared, f"not in pyproject.toml's packages: {sorted(found - declared)}"
