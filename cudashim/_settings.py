@@ -26,6 +26,9 @@ HONEST_QUESTIONS = {
     "get_backend": "torch.distributed.get_backend() names the real collective library",
 }
 UNSUPPORTED_POLICIES = ("raise", "warn")
+# What a CUDA float16 request computes in (autocast, explicit float16 matmuls); see precision.py.
+AMP_DTYPES = ("auto", "as-asked", "bfloat16", "float16")
+TF32_POLICIES = ("auto", "ignore")
 
 
 # --- parsers: (value, where) -> the checked value; ``where`` names the source in errors ----
@@ -100,11 +103,14 @@ def _parse_cuda_version(value, where):
     return text
 
 
-def _parse_unsupported(value, where):
-    text = str(value).strip().lower()
-    if text not in UNSUPPORTED_POLICIES:
-        raise ValueError(f"{where}{value!r}: expected one of {', '.join(UNSUPPORTED_POLICIES)}")
-    return text
+def _one_of(choices: Tuple[str, ...]):
+    """A parser for one word out of ``choices``."""
+    def parse(value, where):
+        text = str(value).strip().lower()
+        if text not in choices:
+            raise ValueError(f"{where}{value!r}: expected one of {', '.join(choices)}")
+        return text
+    return parse
 
 
 def _format_plain(value) -> Optional[str]:
@@ -157,10 +163,16 @@ OPTIONS: Tuple[Option, ...] = (
                 "those out"),
     Option("cuda_version", "CUDASHIM_CUDA_VERSION", "12.8", _parse_cuda_version, metavar="X.Y",
            help="the torch.version.cuda the program and its libraries hear (default 12.8)"),
-    Option("unsupported", "CUDASHIM_UNSUPPORTED", "warn", _parse_unsupported,
+    Option("unsupported", "CUDASHIM_UNSUPPORTED", "warn", _one_of(UNSUPPORTED_POLICIES),
            choices=UNSUPPORTED_POLICIES,
            help="harmless unsupported CUDA APIs (the CUDA profiler's start/stop, TunableOp) "
                 "warn once and do nothing (warn, the default), or raise as the others do"),
+    Option("amp_dtype", "CUDASHIM_AMP_DTYPE", "auto", _one_of(AMP_DTYPES), choices=AMP_DTYPES,
+           help="what CUDA's float16 requests compute in: auto (the default: the target's fast "
+                "dtype, bfloat16 or float32 where float16 is slow), as-asked, bfloat16, float16"),
+    Option("tf32", "CUDASHIM_TF32", "auto", _one_of(TF32_POLICIES), choices=TF32_POLICIES,
+           help="CUDA's TF32 flags turn on the target's reduced-precision float32 matmuls where "
+                "it has them (auto, the default), or change nothing (ignore)"),
     Option("disable", "CUDASHIM_DISABLE", frozenset(),
            _name_set(lambda: patches.GROUPS, "patch group(s)"), metavar="GROUP[,GROUP]",
            format=_format_set,

@@ -38,6 +38,7 @@ class Activation:
     registry: PatchRegistry
     translator: Any = None             # translation.DeviceTranslator (None when passing through)
     report: Any = None                 # report.Report, when the report is on
+    precision: Any = None              # precision.PrecisionPolicy (None when passing through)
     live: bool = True                  # False once deactivated: late hooks then patch nothing
 
     def replace(self, owner, name: str, make: Callable[[Any], Any]):
@@ -153,6 +154,7 @@ def _on_torch_imported(torch_module) -> None:
 
 def _install(settings) -> Activation:
     from . import patches
+    from .precision import PrecisionPolicy
     from .report import Report
     from .translation import DeviceTranslator
 
@@ -164,7 +166,8 @@ def _install(settings) -> Activation:
         return Activation(settings, backend, reason, registry)
     report = Report(backend.name) if (settings.report or settings.report_json) else None
     activation = Activation(settings, backend, reason, registry,
-                            DeviceTranslator(backend, report), report)
+                            DeviceTranslator(backend, report), report,
+                            PrecisionPolicy.of(backend, settings))
     callers.configure(settings.honest_for)
     registry.add_undo("who hears the truth", lambda: callers.configure(()))
     try:

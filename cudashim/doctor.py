@@ -114,6 +114,9 @@ def doctor(settings) -> int:
                 f", unsupported APIs: {settings.unsupported}, report: {'on' if settings.report else 'off'}\n")
             out(f"the truth about CUDA goes to: {', '.join(callers.honest_set(settings.honest_for))}; "
                 f"everyone else hears CUDA {settings.cuda_version}\n")
+            precision = activation.current_activation().precision
+            if precision is not None:
+                out("precision:\n" + "".join(f"  {line}\n" for line in precision.describe()))
             out("patch groups:\n")
             width = max(map(len, patches.GROUPS))
             for name, off in patches.states(settings):

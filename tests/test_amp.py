@@ -1,5 +1,16 @@
+"""autocast and GradScaler spelled for CUDA, translated as asked. What they compute in by
+default, where the target computes float16 slowly, is tests/test_precision.py's."""
+
 import pytest
 import torch
+
+
+@pytest.fixture
+def shim():
+    import cudashim
+    cudashim.activate("cpu", amp_dtype="as-asked")
+    yield cudashim
+    cudashim.deactivate()
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -7,15 +7,36 @@ import pytest
 from conftest import python
 
 
-@pytest.mark.parametrize("example, port, args", [
-    ("examples/gpt.py", "tests/ported/gpt_ported.py", ["--steps", "25"]),
-    ("examples/cnn.py", "tests/ported/cnn_ported.py", ["--epochs", "2"]),
+def _best_port_options():
+    """How a port written for this CPU's fast dtypes trains: the dtype the precision policy
+    picks for CUDA's float16 autocast, and what TF32 becomes."""
+    import torch
+
+    from cudashim.backends import cpu_speed
+    from cudashim.precision import PrecisionPolicy
+
+    policy = PrecisionPolicy("auto", "auto", "cpu", *cpu_speed.speeds())
+    chosen = policy.autocast_dtype(torch.float16)
+    options = ["--amp-dtype", "float32" if chosen is None else str(chosen).replace("torch.", "")]
+    if policy.float32_matmul_precision:
+        options += ["--mkldnn-matmul-precision", policy.float32_matmul_precision]
+    return options
+
+
+@pytest.mark.parametrize("example, port, args, precision", [
+    # as asked: the translation alone, float16 autocast as written
+    ("examples/gpt.py", "tests/ported/gpt_ported.py", ["--steps", "25"], "as-asked"),
+    # by default: float16 and TF32 mean the target's fast dtypes
+    ("examples/gpt.py", "tests/ported/gpt_ported.py", ["--steps", "25"], "auto"),
+    ("examples/cnn.py", "tests/ported/cnn_ported.py", ["--epochs", "2"], "auto"),
 ])
-def test_shimmed_losses_equal_the_hand_port(tmp_path, example, port, args):
+def test_shimmed_losses_equal_the_hand_port(tmp_path, example, port, args, precision):
     extra = ["--checkpoint", str(tmp_path / "ckpt.pt")] if "gpt" in example else []
-    shimmed = python("-m", "cudashim", example, *args, *extra, "--losses", str(tmp_path / "a.json"))
+    shimmed = python("-m", "cudashim", "--amp-dtype", precision, example, *args, *extra,
+                     "--losses", str(tmp_path / "a.json"))
     assert shimmed.returncode == 0, shimmed.stderr
-    ported = python(port, *args, *extra, "--losses", str(tmp_path / "b.json"))
+    port_options = _best_port_options() if "gpt" in example and precision == "auto" else []
+    ported = python(port, *args, *extra, *port_options, "--losses", str(tmp_path / "b.json"))
     assert ported.returncode == 0, ported.stderr
     a, b = (json.loads((tmp_path / n).read_text()) for n in ("a.json", "b.json"))
     assert len(a) >= 20 and a == b                  # floats compared exactly

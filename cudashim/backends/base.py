@@ -234,6 +234,17 @@ class Backend:
     def autocast_dtypes(self) -> Tuple["torch.dtype", ...]:
         return (torch.bfloat16, torch.float16)
 
+    def dtype_speeds(self) -> Tuple[dict, str]:
+        """({float16: fast?, bfloat16: fast?}, how that is known): whether the device computes
+        each reduced-precision dtype fast, or slowly (emulated). Asked by the precision policy
+        at activation, never on a hot path."""
+        try:
+            fast_bfloat16 = bool(self.is_bf16_supported(including_emulation=False))
+        except Exception:                          # a vendor build that cannot tell
+            fast_bfloat16 = True
+        return ({torch.float16: True, torch.bfloat16: fast_bfloat16},
+                f"accelerators compute reduced precision natively (torch.{self.device_type})")
+
     def sdpa_backends(self) -> frozenset:
         """The scaled-dot-product-attention kernels the target really has."""
         from torch.nn.attention import SDPBackend

@@ -166,6 +166,10 @@ class CPUBackend(HostStreams, Backend):
     def autocast_dtypes(self):
         return (torch.bfloat16, torch.float16)
 
+    def dtype_speeds(self):
+        from . import cpu_speed
+        return cpu_speed.speeds()
+
     def sdpa_backends(self) -> frozenset:
         from torch.nn.attention import SDPBackend
         return frozenset({SDPBackend.MATH, SDPBackend.FLASH_ATTENTION})

@@ -35,6 +35,7 @@ GROUPS: Tuple[str, ...] = (
     "modules",         # nn.Module.to/to_empty
     "torch_accelerator",  # torch.accelerator.synchronize("cuda") and its other device arguments
     "amp",             # autocast, GradScaler, autocast state queries
+    "precision",       # float16 matmuls in float32 where float16 is slow; TF32 flags mapped
     "serialization",   # torch.load(map_location=...)
     "data",            # DataLoader(pin_memory_device="cuda")
     "flags",           # sdpa_kernel / sdp_kernel fallback

@@ -1,16 +1,21 @@
 """AMP: ``torch.autocast("cuda")``, ``GradScaler("cuda")`` and the autocast state queries.
 
 The classes are patched in place (their ``__init__``), not replaced, so ``torch.autocast``
-stays the class torch and its compiler know. A CUDA autocast dtype the target cannot run
-falls back to the target's first supported dtype, with a warning once.
+stays the class torch and its compiler know. The dtype of a CUDA region is the precision
+policy's (``cudashim.precision``): float16, where the target computes it slowly, runs in a
+dtype it computes fast. A dtype the target cannot autocast to at all falls back to its first
+supported one, with a warning once.
 """
 
 import functools
+import logging
 
 import torch
 
 from ..errors import warn_once
 from .rewriter import DEVICE_TYPE, rewrite
+
+log = logging.getLogger(__name__)
 
 REWRITES = (
     # GradScaler() means GradScaler("cuda").
@@ -33,17 +38,24 @@ TRANSLATES = (("torch.amp.autocast_mode:autocast.__init__", "device_type"),)
 
 
 def install(activation):
-    """autocast is more than a rewrite: CUDA's default dtype and the target's dtype gaps."""
+    """autocast is more than a rewrite: CUDA's default dtype, the precision policy (a dtype
+    the target computes slowly becomes one it computes fast) and the target's dtype gaps."""
     backend = activation.backend
     supported = backend.autocast_dtypes()
     translate = activation.translator.type_for("torch.autocast")
+    policy = activation.precision
+    report = activation.report
 
     def make_autocast_init(original):
         def __init__(self, device_type, dtype=None, enabled=True, cache_enabled=None):
             if device_type == "cuda":
                 device_type = translate(device_type)
-                if dtype is None:
-                    dtype = torch.float16          # CUDA's default autocast dtype
+                asked = torch.float16 if dtype is None else dtype    # CUDA's default dtype
+                dtype = policy.autocast_dtype(asked)
+                if dtype != asked:
+                    _say_once(backend, report, asked, dtype, policy)
+                if dtype is None:                  # float32: the region runs without autocast
+                    dtype, enabled = asked, False
                 if dtype not in supported:
                     warn_once(f"autocast-{dtype}",
                               f"autocast: the '{backend.name}' backend cannot autocast to {dtype}; "
@@ -53,3 +65,17 @@ def install(activation):
         return functools.wraps(original)(__init__)
 
     activation.replace(torch.amp.autocast_mode.autocast, "__init__", make_autocast_init)
+
+
+_said = set()
+
+
+def _say_once(backend, report, asked, became, policy):
+    became = "float32 (autocast off)" if became is None else str(became)
+    if report is not None:
+        report.count("torch.autocast", f"{asked} -> {became}")
+    if asked not in _said:
+        _said.add(asked)
+        log.info("cudashim: autocast %s is slow on the '%s' backend; the region runs in %s "
+                 "(--amp-dtype %s; 'as-asked' keeps %s)", asked, backend.name, became,
+                 policy.amp_dtype, asked)

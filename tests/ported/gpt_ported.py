@@ -22,6 +22,11 @@ parser.add_argument("--compile", action="store_true", help="train the torch.comp
 parser.add_argument("--step-times", help="write each step's wall time in seconds here as JSON")
 parser.add_argument("--device", default="cpu")
 parser.add_argument("--vendor", help="the vendor extension to import first (torch_npu, ...)")
+parser.add_argument("--amp-dtype", default="float16", choices=["float16", "bfloat16", "float32"],
+                    help="what the training step autocasts to (float32: autocast off), as a port "
+                         "written for the device's fast dtype would")
+parser.add_argument("--mkldnn-matmul-precision",
+                    help="oneDNN's float32 matmul precision (bf16: what TF32 becomes on a CPU)")
 args = parser.parse_args()
 if args.vendor:
     __import__(args.vendor)
@@ -29,6 +34,9 @@ if args.vendor:
 torch.manual_seed(1337)
 device = args.device
 device_type = torch.device(device).type
+if args.mkldnn_matmul_precision:
+    torch.backends.mkldnn.matmul.fp32_precision = args.mkldnn_matmul_precision
+amp_dtype = torch.float16 if args.amp_dtype == "float32" else getattr(torch, args.amp_dtype)
 
 # A corpus with structure worth learning: counting rhymes in a small alphabet.
 words = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
@@ -89,7 +97,7 @@ losses, step_times = [], []
 for step in range(args.steps):
     began = time.perf_counter()
     xb, yb = get_batch()
-    with torch.autocast(device_type=device_type, dtype=torch.float16):
+    with torch.autocast(device_type=device_type, dtype=amp_dtype, enabled=args.amp_dtype != "float32"):
         _, loss = train_model(xb, yb)
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(loss).backward()

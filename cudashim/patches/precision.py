@@ -1,0 +1,171 @@
+"""Precision at the target's speed: float16 matmuls in float32, and TF32 flags mapped.
+
+Where the precision policy (``cudashim.precision``) says float16 is slow on the target, the
+matmul family (mm, bmm, addmm, baddbmm, matmul, einsum, linear, the convolutions,
+scaled_dot_product_attention, and the Tensor methods and ``@``) computes float16 inputs in
+float32 and rounds the result to float16 once, as CUDA's tensor cores accumulate. Tensors
+keep their dtype. A call whose first tensor is not float16 goes straight to torch after one
+dtype check; a call with float16 inputs mixed with other dtypes is torch's to judge; inside
+an autocast region autocast decides. Parameters no gradient flows to (inference) are
+widened once per version and kept, so ``model.half()`` generation does not convert every
+weight on every token.
+
+Where the target has a reduced-precision float32 matmul, the program's own TF32 flags
+(``torch.backends.cuda.matmul.allow_tf32``, ``...matmul.fp32_precision``,
+``torch.backends.cudnn.allow_tf32``, ``torch.set_float32_matmul_precision``) turn it on and
+off, as they do TF32 on CUDA.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+
+import torch
+import torch.nn.functional as F
+
+HALF = torch.float16
+
+# (owner, name, where the first tensor is) for every function computed wider.
+_FUNCTIONS = (
+    *((torch, name, 0) for name in ("mm", "bmm", "addmm", "baddbmm", "matmul", "conv1d",
+                                   "conv2d", "conv3d")),
+    (torch, "einsum", 1),
+    *((F, name, 0) for name in ("linear", "conv1d", "conv2d", "conv3d", "conv_transpose1d",
+                               "conv_transpose2d", "conv_transpose3d",
+                               "scaled_dot_product_attention")),
+    *((torch.Tensor, name, 0) for name in ("mm", "bmm", "addmm", "baddbmm", "matmul",
+                                          "__matmul__", "__rmatmul__")),
+)
+
+
+def install(activation):
+    policy = activation.precision
+    if policy.widens_float16:
+        cache = WideningCache()
+        activation.registry.add_undo("float16 weights kept in float32", cache.clear)
+        for owner, name, first in _FUNCTIONS:
+            api = f"{getattr(owner, '__name__', owner)}.{name}"
+            activation.replace(owner, name, functools.partial(
+                _computed_in_float32, api, first, activation.backend.device_type, cache,
+                activation.report))
+    if policy.float32_matmul_precision is not None:
+        _map_tf32(activation, policy.float32_matmul_precision)
+
+
+# --- float16 in float32 -------------------------------------------------------------------
+class WideningCache:
+    """float32 copies of float16 parameters that no gradient flows to, per tensor version."""
+
+    def __init__(self):
+        self.copies = {}                      # id(parameter) -> (weak ref, version, data_ptr, copy)
+
+    def widen(self, tensor):
+        if not isinstance(tensor, torch.nn.Parameter) or (tensor.requires_grad
+                                                          and torch.is_grad_enabled()):
+            return tensor.float()
+        key = id(tensor)
+        kept = self.copies.get(key)
+        if kept is not None and kept[0]() is tensor and kept[1] == tensor._version \
+                and kept[2] == tensor.data_ptr():
+            return kept[3]
+        wide = tensor.detach().float()
+        self.copies[key] = (weakref.ref(tensor, lambda _, key=key: self.copies.pop(key, None)),
+                            tensor._version, tensor.data_ptr(), wide)
+        return wide
+
+    def clear(self):
+        self.copies.clear()
+
+
+def _computed_in_float32(api, first, device_type, cache, report, original):
+    @functools.wraps(original)
+    def computed_in_float32(*args, **kwargs):
+        leading = args[first] if len(args) > first else None
+        if leading.__class__ in (list, tuple) and leading:       # einsum("ij,jk", [a, b])
+            leading = leading[0]
+        if getattr(leading, "dtype", None) is not HALF:
+            return original(*args, **kwargs)
+        if torch.is_autocast_enabled(leading.device.type) or not _all_half(args, kwargs):
+            return original(*args, **kwargs)
+        if report is not None:
+            report.count(api, "float16 computed in float32")
+        wide_args = [_wide(value, cache) for value in args]
+        wide_kwargs = {name: _wide(value, cache) for name, value in kwargs.items()}
+        return original(*wide_args, **wide_kwargs).to(HALF)
+
+    return computed_in_float32
+
+
+def _floating(values):
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            if value.is_floating_point():
+                yield value
+        elif isinstance(value, (list, tuple)):          # einsum's operands as one list
+            yield from _floating(value)
+
+
+def _all_half(args, kwargs) -> bool:
+    return all(t.dtype is HALF for t in _floating((*args, *kwargs.values())))
+
+
+def _wide(value, cache):
+    if isinstance(value, torch.Tensor):
+        return cache.widen(value) if value.dtype is HALF else value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_wide(item, cache) for item in value)
+    return value
+
+
+# --- TF32 ---------------------------------------------------------------------------------
+def _map_tf32(activation, reduced: str):
+    """The TF32 flags also set oneDNN's float32 precision (``reduced`` when on, as it was
+    when off); deactivation puts oneDNN's settings back."""
+    mkldnn = torch.backends.mkldnn
+    before = {op: getattr(mkldnn, op).fp32_precision for op in ("matmul", "conv")}
+
+    def set_target(op, on):
+        getattr(mkldnn, op).fp32_precision = reduced if on else before[op]
+
+    activation.registry.add_undo("oneDNN float32 precision", lambda: [
+        set_target(op, False) for op in before])
+    activation.registry.set_attr(torch.backends.cuda, "matmul",
+                                 _MatmulFlags(torch.backends.cuda.matmul, set_target))
+    cudnn_class = type(torch.backends.cudnn)
+    real = vars(cudnn_class)["allow_tf32"]
+
+    def set_allow_tf32(module, value):
+        real.__set__(module, value)
+        set_target("conv", bool(value))
+
+    activation.registry.set_attr(cudnn_class, "allow_tf32", property(
+        lambda module: real.__get__(module, cudnn_class), set_allow_tf32, doc=real.__doc__))
+
+    def make_set_precision(original):
+        @functools.wraps(original)
+        def set_float32_matmul_precision(precision):
+            original(precision)
+            set_target("matmul", precision in ("high", "medium"))
+        return set_float32_matmul_precision
+
+    activation.replace(torch, "set_float32_matmul_precision", make_set_precision)
+
+
+class _MatmulFlags:
+    """``torch.backends.cuda.matmul`` as the program sees it: every flag is the real one,
+    and turning TF32 on or off also turns the target's reduced-precision matmul on or off."""
+
+    def __init__(self, real, set_target):
+        object.__setattr__(self, "_real", real)
+        object.__setattr__(self, "_set_target", set_target)
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def __setattr__(self, name, value):
+        setattr(self._real, name, value)
+        if name == "allow_tf32":
+            self._set_target("matmul", bool(value))
+        elif name == "fp32_precision":
+            self._set_target("matmul", value == "tf32")

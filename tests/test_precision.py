@@ -1,0 +1,255 @@
+"""Precision requests at the target's speed: the policy, autocast, explicit float16, TF32."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import python
+
+HALF, BF16 = torch.float16, torch.bfloat16
+SLOW_BOTH = {HALF: False, BF16: False}          # this machine's kind: AVX2, no BF16/FP16 units
+FAST_BF16 = {HALF: False, BF16: True}           # AVX512_BF16 or AMX without FP16
+FAST_BOTH = {HALF: True, BF16: True}            # an accelerator
+
+
+def _policy(fast, amp_dtype="auto", tf32="auto", device_type="cpu"):
+    from cudashim.precision import PrecisionPolicy
+    return PrecisionPolicy(amp_dtype, tf32, device_type, fast, "test")
+
+
+@pytest.mark.parametrize("fast, setting, asked, expected", [
+    (FAST_BF16, "auto", HALF, BF16),             # float16 is slow, bfloat16 fast
+    (SLOW_BOTH, "auto", HALF, None),             # both slow: float32
+    (SLOW_BOTH, "auto", BF16, None),
+    (FAST_BOTH, "auto", HALF, HALF),             # fast float16: nothing changes
+    ({HALF: True, BF16: False}, "auto", BF16, None),   # never bfloat16 -> float16 (range)
+    (SLOW_BOTH, "as-asked", HALF, HALF),
+    (SLOW_BOTH, "bfloat16", HALF, BF16),
+    (FAST_BOTH, "float16", BF16, HALF),
+])
+def test_the_policy_picks_the_dtype_an_autocast_region_runs_in(fast, setting, asked, expected):
+    assert _policy(fast, setting).autocast_dtype(asked) == expected
+
+
+def test_the_policy_widens_float16_only_where_it_is_slow_and_not_asked_for():
+    assert _policy(SLOW_BOTH).widens_float16 and _policy(FAST_BF16, "bfloat16").widens_float16
+    assert not _policy(FAST_BOTH).widens_float16
+    assert not _policy(SLOW_BOTH, "as-asked").widens_float16
+    assert not _policy(SLOW_BOTH, "float16").widens_float16
+    assert _policy(FAST_BF16).float32_matmul_precision == "bf16"
+    assert _policy(SLOW_BOTH).float32_matmul_precision is None
+    assert _policy(FAST_BF16, tf32="ignore").float32_matmul_precision is None
+    assert _policy(FAST_BOTH, device_type="xpu").float32_matmul_precision is None
+
+
+def test_the_cpu_speed_comes_from_the_instruction_set_on_x86():
+    import platform
+
+    from cudashim.backends import cpu_speed
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("x86 only")
+    fast, how = cpu_speed.speeds()
+    assert how == "from the CPU's instruction set"
+    bf16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    assert fast[BF16] == bf16
+
+
+def test_elsewhere_a_calibration_runs_once_and_is_cached(monkeypatch, tmp_path):
+    from cudashim.backends import cpu_speed
+    monkeypatch.setattr(cpu_speed.platform, "machine", lambda: "aarch64")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    measured = []
+    real_measure = cpu_speed._measure
+    monkeypatch.setattr(cpu_speed, "_measure", lambda: measured.append(1) or real_measure())
+    cpu_speed.speeds.cache_clear()
+    fast, how = cpu_speed.speeds()
+    assert measured == [1] and "calibrated" in how and set(fast) == {HALF, BF16}
+    cached = json.loads((tmp_path / "cudashim" / "cpu-dtype-speed.json").read_text())
+    assert list(cached.values()) == [{"float16": fast[HALF], "bfloat16": fast[BF16]}]
+    cpu_speed.speeds.cache_clear()                        # a new process: read, not measured
+    assert cpu_speed.speeds()[0] == fast and measured == [1]
+
+
+@pytest.fixture
+def speeds(monkeypatch):
+    """Activate on the CPU backend with the dtype speeds a test names."""
+    import cudashim
+    from cudashim.backends import cpu_speed
+
+    def activate(fast, **options):
+        monkeypatch.setattr(cpu_speed, "speeds", lambda: (fast, "test"))
+        cudashim.activate("cpu", **options)
+        return cudashim
+    yield activate
+    cudashim.deactivate()
+
+
+@pytest.mark.parametrize("fast, options, expected", [
+    (FAST_BF16, {}, BF16),
+    (SLOW_BOTH, {}, torch.float32),
+    (FAST_BOTH, {}, HALF),
+    (SLOW_BOTH, {"amp_dtype": "as-asked"}, HALF),
+])
+def test_cuda_autocast_runs_in_the_policy_dtype(speeds, fast, options, expected):
+    speeds(fast, **options)
+    a = torch.randn(4, 4, device="cuda")
+    for region in (torch.autocast("cuda", dtype=torch.float16), torch.cuda.amp.autocast(),
+                   torch.amp.autocast("cuda")):
+        with region:
+            assert (a @ a).dtype == expected
+            assert torch.is_autocast_enabled("cuda") == (expected != torch.float32)
+
+
+@pytest.mark.parametrize("fast", [FAST_BF16, SLOW_BOTH])
+def test_grad_scaler_still_scales_and_skips_steps_on_inf(speeds, fast):
+    speeds(fast)
+    model = torch.nn.Linear(4, 1).cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.cuda.amp.GradScaler(init_scale=256.0)
+
+    def step(poison):
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = model(torch.randn(8, 4, device="cuda")).float().pow(2).mean()
+        scaler.scale(loss).backward()
+        if poison:
+            model.weight.grad[0, 0] = float("inf")
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+
+    before = model.weight.detach().clone()
+    step(poison=True)
+    assert torch.equal(before, model.weight) and scaler.get_scale() == 128.0   # skipped, backed off
+    step(poison=False)
+    assert not torch.equal(before, model.weight) and scaler.get_scale() == 128.0
+
+
+def _family(x, w, m3):
+    """(the API as the report names it, call) for the matmul family."""
+    q = m3[:, :4, :8].contiguous()
+    image = x[:16].reshape(1, 1, 16, 64)
+    return [
+        ("torch.mm", lambda: torch.mm(x, w.t())),
+        ("Tensor.mm", lambda: x.mm(w.t())),
+        ("Tensor.__matmul__", lambda: x @ w.t()),
+        ("torch.matmul", lambda: torch.matmul(x, w.t())),
+        ("torch.bmm", lambda: torch.bmm(m3, m3.transpose(1, 2))),
+        ("torch.addmm", lambda: torch.addmm(x[:, :16], x, w.t()[:, :16])),
+        ("torch.baddbmm", lambda: torch.baddbmm(m3[:, :1].transpose(1, 2), m3.transpose(1, 2), m3)),
+        ("torch.einsum", lambda: torch.einsum("bij,bkj->bik", m3, m3)),
+        ("torch.nn.functional.linear", lambda: F.linear(x, w, w[:, 0])),
+        ("torch.nn.functional.conv1d", lambda: F.conv1d(x[None], w[:8, :32, None])),
+        ("torch.nn.functional.conv2d", lambda: F.conv2d(image, w[:2, :9].reshape(2, 1, 3, 3))),
+        ("torch.nn.functional.conv_transpose2d", lambda: F.conv_transpose2d(image, w[:1, :9].reshape(1, 1, 3, 3))),
+        ("torch.nn.functional.scaled_dot_product_attention",
+         lambda: F.scaled_dot_product_attention(q, q, q)),
+    ]
+
+
+def _half_inputs():
+    torch.manual_seed(0)
+    return (torch.randn(32, 64).half(), torch.randn(48, 64).half(), torch.randn(3, 16, 64).half())
+
+
+def test_explicit_float16_stays_float16_and_is_at_least_as_close_as_the_native_kernel(speeds):
+    x, w, m3 = _half_inputs()
+    native = {name: call() for name, call in _family(x, w, m3)}
+    reference = {name: call() for name, call in _family(x.double(), w.double(), m3.double())}
+    speeds(SLOW_BOTH, report=True)
+    import cudashim.activation as activation
+    counted = activation.current_activation().report.entries
+    for name, call in _family(x, w, m3):
+        ours = call()
+        assert ours.dtype == HALF, name
+        assert counted[name] == {**counted[name], "calls": 1, "became": "float16 computed in float32"}
+        error = (ours.double() - reference[name]).abs().max()
+        native_error = (native[name].double() - reference[name]).abs().max()
+        assert error <= native_error, (name, error, native_error)
+
+
+def test_other_dtypes_go_straight_to_torch(speeds):
+    x, w, m3 = _half_inputs()
+    inputs = {dtype: (x.to(dtype), w.to(dtype), m3.to(dtype)) for dtype in (torch.float32, BF16)}
+    native = {dtype: [call() for _, call in _family(*inputs[dtype])] for dtype in inputs}
+    speeds(SLOW_BOTH)
+    for dtype in inputs:
+        for before, (name, call) in zip(native[dtype], _family(*inputs[dtype])):
+            assert torch.equal(call(), before), (dtype, name)
+    with pytest.raises(RuntimeError):                     # mixed dtypes: torch's own error
+        F.linear(x, w.float())
+
+
+def test_a_half_model_trains_and_infers_with_its_dtype_kept(speeds):
+    speeds(SLOW_BOTH)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+    model = model.cuda().half()
+    x = torch.randn(8, 16, device="cuda").half()
+    loss = model(x).float().pow(2).mean()
+    loss.backward()
+    assert all(p.dtype == HALF and p.grad.dtype == HALF for p in model.parameters())
+    reference = model.float()(x.float()).detach()
+    model.half()
+    with torch.no_grad():
+        first = model(x)
+        again = model(x)
+    assert first.dtype == HALF and torch.equal(first, again)
+    assert (first.float() - reference).abs().max() < 1e-2
+    with torch.no_grad():                                 # an in-place update is seen
+        model[0].weight.mul_(2)
+        assert not torch.equal(model(x), first)
+    assert all(v.dtype == HALF for v in model.state_dict().values())
+
+
+def test_deactivation_puts_the_family_back():
+    import cudashim
+    originals = (torch.mm, torch.Tensor.__matmul__, F.linear, F.scaled_dot_product_attention)
+    cudashim.activate("cpu")
+    cudashim.deactivate()
+    assert (torch.mm, torch.Tensor.__matmul__, F.linear, F.scaled_dot_product_attention) == originals
+
+
+def test_tf32_flags_turn_the_targets_reduced_precision_matmul_on_and_off(speeds):
+    mkldnn = torch.backends.mkldnn
+    before = (mkldnn.matmul.fp32_precision, mkldnn.conv.fp32_precision)
+    matmul_flags = torch.backends.cuda.matmul
+    speeds(FAST_BF16)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    assert mkldnn.matmul.fp32_precision == "bf16" and torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    assert mkldnn.matmul.fp32_precision == before[0] and not torch.backends.cuda.matmul.allow_tf32
+    torch.set_float32_matmul_precision("high")
+    assert mkldnn.matmul.fp32_precision == "bf16"
+    torch.set_float32_matmul_precision("highest")
+    assert mkldnn.matmul.fp32_precision == before[0]
+    torch.backends.cudnn.allow_tf32 = True
+    assert mkldnn.conv.fp32_precision == "bf16" and torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    import cudashim
+    cudashim.deactivate()
+    assert (mkldnn.matmul.fp32_precision, mkldnn.conv.fp32_precision) == before
+    assert torch.backends.cuda.matmul is matmul_flags
+
+
+@pytest.mark.parametrize("fast, options", [(SLOW_BOTH, {}), (FAST_BF16, {"tf32": "ignore"})])
+def test_tf32_flags_change_nothing_where_there_is_no_equivalent_or_when_told(speeds, fast, options):
+    mkldnn = torch.backends.mkldnn
+    before = mkldnn.matmul.fp32_precision
+    speeds(fast, **options)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.set_float32_matmul_precision("high")
+    assert mkldnn.matmul.fp32_precision in (before, "tf32")      # torch's own mapping of "high"
+    torch.set_float32_matmul_precision("highest")
+
+
+def test_doctor_says_how_fast_each_dtype_is_and_what_requests_become():
+    result = python("-c", "from cudashim.cli import main; main()", "doctor", "--amp-dtype", "as-asked")
+    assert result.returncode == 0, result.stdout + result.stderr
+    from cudashim.backends import cpu_speed
+    fast, _ = cpu_speed.speeds()
+    speed = {True: "fast", False: "slow (emulated)"}
+    assert f"float16: {speed[fast[HALF]]}, bfloat16: {speed[fast[BF16]]}" in result.stdout
+    assert "CUDA autocast: float16 runs in float16, bfloat16 in bfloat16 (--amp-dtype as-asked)" \
+        in result.stdout
