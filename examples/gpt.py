@@ -20,6 +20,9 @@ parser.add_argument("--checkpoint", default="runs/gpt/ckpt.pt")
 parser.add_argument("--losses", help="write the training losses here as JSON")
 parser.add_argument("--compile", action="store_true", help="train the torch.compile'd model")
 parser.add_argument("--step-times", help="write each step's wall time in seconds here as JSON")
+parser.add_argument("--n-embd", type=int, default=64, help="model width")
+parser.add_argument("--n-layer", type=int, default=2, help="transformer blocks")
+parser.add_argument("--block-size", type=int, default=32, help="context length")
 args = parser.parse_args()
 
 assert torch.cuda.is_available(), "this script needs a CUDA GPU"
@@ -36,7 +39,7 @@ text = " ".join(f"{words[i % 10]} {words[(i * 7) % 10]}." for i in range(2000))
 vocab = sorted(set(text))
 stoi = {ch: i for i, ch in enumerate(vocab)}
 data = torch.tensor([stoi[ch] for ch in text], dtype=torch.long)
-block_size, n_embd, n_head, n_layer = 32, 64, 4, 2
+block_size, n_embd, n_head, n_layer = args.block_size, args.n_embd, 4, args.n_layer
 
 
 def get_batch():

@@ -79,22 +79,35 @@ class WideningCache:
 
 
 def _computed_in_float32(api, first, device_type, cache, report, original):
-    @functools.wraps(original)
-    def computed_in_float32(*args, **kwargs):
-        leading = args[first] if len(args) > first else None
-        if leading.__class__ in (list, tuple) and leading:       # einsum("ij,jk", [a, b])
-            leading = leading[0]
-        if getattr(leading, "dtype", None) is not HALF:
-            return original(*args, **kwargs)
-        if torch.is_autocast_enabled(leading.device.type) or not _all_half(args, kwargs):
-            return original(*args, **kwargs)
+    def widened(args, kwargs):
+        if torch.is_autocast_enabled(device_type) or not _all_half(args, kwargs):
+            return original(*args, **kwargs)           # autocast's call, or torch's to judge
         if report is not None:
             report.count(api, "float16 computed in float32")
         wide_args = [_wide(value, cache) for value in args]
         wide_kwargs = {name: _wide(value, cache) for name, value in kwargs.items()}
         return original(*wide_args, **wide_kwargs).to(HALF)
 
-    return computed_in_float32
+    if first == 0:                                     # the hot path: one dtype check
+        @functools.wraps(original)
+        def computed_in_float32(*args, **kwargs):
+            try:
+                if args[0].dtype is not HALF:
+                    return original(*args, **kwargs)
+            except (IndexError, AttributeError):      # keywords only, or not a tensor
+                return original(*args, **kwargs)
+            return widened(args, kwargs)
+        return computed_in_float32
+
+    @functools.wraps(original)
+    def operands_in_float32(*args, **kwargs):          # einsum(equation, *operands)
+        leading = args[first] if len(args) > first else None
+        if leading.__class__ in (list, tuple) and leading:
+            leading = leading[0]
+        if getattr(leading, "dtype", None) is not HALF:
+            return original(*args, **kwargs)
+        return widened(args, kwargs)
+    return operands_in_float32
 
 
 def _floating(values):

@@ -1,0 +1,122 @@
+"""Precision requests at the target's speed: unmodified CUDA programs under the shim against
+hand ports written the best way for this machine, and against taking the request literally.
+
+    python benchmarks/precision.py [--json benchmarks/results-precision.json] [--runs 2]
+
+Three CUDA programs, each run three ways in one invocation, each in processes of its own:
+
+- shimmed: ``python -m cudashim PROGRAM`` with the defaults (``--amp-dtype auto``);
+- the best port: the program ported by hand to this CPU in each way a user could write it
+  (float32; bfloat16 autocast; float32 with oneDNN's bf16 matmul precision), the fastest of
+  them measured here;
+- as asked: ``--amp-dtype as-asked --tf32 ignore``, what cudashim did before.
+
+1. a GPT training step with float16 autocast and GradScaler (examples/gpt.py; it also sets
+   the TF32 flags);
+2. ``model.half()`` generation (benchmarks/programs/generate.py over the same GPT);
+3. float32 training with the TF32 flags (benchmarks/programs/tf32_mlp.py).
+
+Target: shimmed within 10% of the best port. Times are medians over the steps (or generations)
+of every run.
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+TARGET = 1.10
+AS_ASKED = ["--amp-dtype", "as-asked", "--tf32", "ignore"]
+GPT_TRAIN = ["--steps", "6", "--batch-size", "16", "--n-embd", "256", "--n-layer", "2",
+             "--block-size", "64"]
+GPT_GENERATE = ["--n-embd", "512", "--n-layer", "4", "--block-size", "64"]
+
+# name -> (CUDA program and its arguments, {port variant: port and its arguments}, how times are read)
+PROGRAMS = {
+    "GPT training step, float16 autocast + GradScaler": (
+        ["examples/gpt.py", *GPT_TRAIN],
+        {"float32": ["tests/ported/gpt_ported.py", *GPT_TRAIN, "--amp-dtype", "float32"],
+         "bfloat16 autocast": ["tests/ported/gpt_ported.py", *GPT_TRAIN, "--amp-dtype", "bfloat16"],
+         "float32, oneDNN bf16 matmuls": ["tests/ported/gpt_ported.py", *GPT_TRAIN, "--amp-dtype",
+                                          "float32", "--mkldnn-matmul-precision", "bf16"]},
+        "step-times"),
+    "model.half() generation": (
+        ["benchmarks/programs/generate.py", "examples/gpt.py", *GPT_GENERATE],
+        {"float32": ["benchmarks/programs/generate.py", "tests/ported/gpt_ported.py", "--device",
+                     "cpu", "--dtype", "float32", *GPT_GENERATE],
+         "bfloat16": ["benchmarks/programs/generate.py", "tests/ported/gpt_ported.py", "--device",
+                      "cpu", "--dtype", "bfloat16", *GPT_GENERATE]},
+        "times"),
+    "float32 training, TF32 flags": (
+        ["benchmarks/programs/tf32_mlp.py"],
+        {"float32": ["benchmarks/programs/tf32_mlp.py", "--device", "cpu"],
+         "float32, oneDNN bf16 matmuls": ["benchmarks/programs/tf32_mlp.py", "--device", "cpu",
+                                          "--mkldnn-matmul-precision", "bf16"]},
+        "times"),
+}
+
+
+def run(args, times_file, reads):
+    """Run one program; return its times in milliseconds."""
+    option = ["--step-times", times_file] if reads == "step-times" else ["--times", times_file]
+    checkpoint = ["--checkpoint", times_file + ".ckpt"] if reads == "step-times" else []
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("CUDASHIM_")}
+    result = subprocess.run([sys.executable, *args, *option, *checkpoint], cwd=ROOT, env=clean,
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed:\n{result.stderr[-3000:]}")
+    with open(times_file) as f:
+        loaded = json.load(f)
+    times = loaded if reads == "step-times" else loaded["times"]
+    return [t * 1e3 for t in (times[2:] if reads == "step-times" else times)]
+
+
+def measure(name, runs, workdir):
+    program, ports, reads = PROGRAMS[name]
+    shimmed, asked, ported = [], [], {variant: [] for variant in ports}
+    for i in range(runs):
+        shimmed += run(["-m", "cudashim", *program], f"{workdir}/shim{i}.json", reads)
+        for variant, port in ports.items():
+            ported[variant] += run(port, f"{workdir}/port{i}.json", reads)
+    asked += run(["-m", "cudashim", *AS_ASKED, *program], f"{workdir}/asked.json", reads)
+    best = min(ported, key=lambda variant: statistics.median(ported[variant]))
+    shim_ms, best_ms = statistics.median(shimmed), statistics.median(ported[best])
+    asked_ms = statistics.median(asked)
+    return {"what": name, "shimmed_ms": shim_ms, "best_port": best, "best_port_ms": best_ms,
+            "ports_ms": {v: statistics.median(t) for v, t in ported.items()},
+            "ratio": shim_ms / best_ms, "target": TARGET, "met": shim_ms / best_ms <= TARGET,
+            "as_asked_ms": asked_ms, "speedup_over_as_asked": asked_ms / shim_ms}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--json", default=os.path.join(ROOT, "benchmarks", "results-precision.json"))
+    args = parser.parse_args()
+    sys.path.insert(0, ROOT)
+    from cudashim.backends import cpu_speed
+    fast, how = cpu_speed.speeds()
+    speeds = ", ".join(f"{str(d).replace('torch.', '')}: {'fast' if f else 'slow'}"
+                       for d, f in fast.items())
+    print(f"this CPU: {speeds} ({how})")
+    with tempfile.TemporaryDirectory() as workdir:
+        rows = [measure(name, args.runs, workdir) for name in PROGRAMS]
+    print(f"{'program':<50}{'shimmed':>10}{'best port':>11}  {'(which)':<30}{'ratio':>7}"
+          f"{'target':>8}{'as asked':>11}{'speed-up':>10}")
+    for row in rows:
+        print(f"{row['what']:<50}{row['shimmed_ms']:>8.1f}ms{row['best_port_ms']:>9.1f}ms  "
+              f"{row['best_port']:<30}{row['ratio']:>6.2f}x{'<=1.10 ' + ('met' if row['met'] else 'MISSED'):>12}"
+              f"{row['as_asked_ms']:>9.1f}ms{row['speedup_over_as_asked']:>9.1f}x")
+    with open(args.json, "w") as out:
+        json.dump({"rows": rows, "cpu": speeds, "machine": platform.platform(),
+                   "python": platform.python_version(), "cpus": os.cpu_count()}, out, indent=2)
+        out.write("\n")
+
+
+if __name__ == "__main__":
+    main()
