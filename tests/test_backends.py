@@ -102,6 +102,9 @@ def check_contract(backend, device_type):
 
     dtypes = answer("autocast_dtypes")
     assert dtypes and all(isinstance(d, torch.dtype) for d in dtypes)
+    fast, how_known = answer("dtype_speeds")
+    assert set(fast) == {torch.float16, torch.bfloat16} and how_known
+    assert all(isinstance(speed, bool) for speed in fast.values())
     assert answer("sdpa_backends")
     assert isinstance(answer("can_pin_memory"), bool)
     collective = backend.collective

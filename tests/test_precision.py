@@ -253,3 +253,18 @@ def test_doctor_says_how_fast_each_dtype_is_and_what_requests_become():
     assert f"float16: {speed[fast[HALF]]}, bfloat16: {speed[fast[BF16]]}" in result.stdout
     assert "CUDA autocast: float16 runs in float16, bfloat16 in bfloat16 (--amp-dtype as-asked)" \
         in result.stdout
+
+
+def test_kept_float32_copies_stay_within_their_budget():
+    from cudashim.patches.precision import WideningCache
+
+    cache = WideningCache(budget_bytes=64 * 4)               # room for 64 float32 numbers
+    small, large = (torch.nn.Parameter(torch.ones(n).half(), requires_grad=False) for n in (48, 32))
+    assert cache.widen(small) is cache.widen(small)          # kept
+    assert cache.widen(large) is not cache.widen(large)      # past the budget: widened each call
+    assert cache.held == 48 * 4
+    with torch.no_grad():
+        small.add_(1)                                        # a new version replaces the old copy
+    assert torch.equal(cache.widen(small), torch.full((48,), 2.0)) and cache.held == 48 * 4
+    del small
+    assert cache.held == 0 and not cache.copies

@@ -51,7 +51,7 @@ def install(activation):
             if device_type == "cuda":
                 device_type = translate(device_type)
                 asked = torch.float16 if dtype is None else dtype    # CUDA's default dtype
-                dtype = policy.autocast_dtype(asked)
+                dtype = policy.autocast_dtype(asked) if enabled else asked
                 if dtype != asked:
                     _say_once(backend, report, asked, dtype, policy)
                 if dtype is None:                  # float32: the region runs without autocast

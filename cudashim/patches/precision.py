@@ -19,6 +19,7 @@ off, as they do TF32 on CUDA.
 from __future__ import annotations
 
 import functools
+import os
 import weakref
 
 import torch
@@ -55,10 +56,16 @@ def install(activation):
 
 # --- float16 in float32 -------------------------------------------------------------------
 class WideningCache:
-    """float32 copies of float16 parameters that no gradient flows to, per tensor version."""
+    """float32 copies of float16 parameters that no gradient flows to, per tensor version.
 
-    def __init__(self):
+    The copies cost twice the float16 parameters' memory (what a float32 port holds), up to
+    a quarter of the machine's memory; parameters past that are widened on every call, which
+    is slower but holds nothing."""
+
+    def __init__(self, budget_bytes: int = None):
         self.copies = {}                      # id(parameter) -> (weak ref, version, data_ptr, copy)
+        self.budget = _quarter_of_memory() if budget_bytes is None else budget_bytes
+        self.held = 0
 
     def widen(self, tensor):
         if not isinstance(tensor, torch.nn.Parameter) or (tensor.requires_grad
@@ -70,12 +77,30 @@ class WideningCache:
                 and kept[2] == tensor.data_ptr():
             return kept[3]
         wide = tensor.detach().float()
-        self.copies[key] = (weakref.ref(tensor, lambda _, key=key: self.copies.pop(key, None)),
-                            tensor._version, tensor.data_ptr(), wide)
+        size = wide.numel() * wide.element_size()
+        if kept is not None:
+            self._forget(key)
+        if self.held + size <= self.budget:
+            self.copies[key] = (weakref.ref(tensor, lambda _, key=key: self._forget(key)),
+                                tensor._version, tensor.data_ptr(), wide)
+            self.held += size
         return wide
+
+    def _forget(self, key):
+        kept = self.copies.pop(key, None)
+        if kept is not None:
+            self.held -= kept[3].numel() * kept[3].element_size()
 
     def clear(self):
         self.copies.clear()
+        self.held = 0
+
+
+def _quarter_of_memory() -> int:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4
+    except (AttributeError, ValueError, OSError):      # no sysconf (Windows): a fixed budget
+        return 4 * 2 ** 30
 
 
 def _computed_in_float32(api, first, device_type, cache, report, original):

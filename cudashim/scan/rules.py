@@ -249,6 +249,11 @@ class FileScanner(ast.NodeVisitor):
         if name == "torch.cuda" or name.startswith("torch.cuda."):
             kind, what, fix = target.cuda_name(name)
             self._add(node, (kind, f"{name}: {what}", fix))
+        elif name.startswith(("torch.backends.cuda.", "torch.backends.cudnn.")) \
+                and name.endswith(("allow_tf32", "fp32_precision")):
+            self._add(node, (HANDLED, "a TF32 flag: it turns the target's reduced-precision float32 "
+                                      "matmul on and off where it has one (--tf32)"
+                                      if target.redirects else "native CUDA", None))
         elif name.startswith(("torch.backends.cuda.", "torch.backends.cudnn.")):
             self._add(node, (HANDLED, "a CUDA library flag: setting it is harmless where it does "
                                       "not apply" if target.redirects else "native CUDA", None))
