@@ -268,3 +268,15 @@ def test_kept_float32_copies_stay_within_their_budget():
     assert torch.equal(cache.widen(small), torch.full((48,), 2.0)) and cache.held == 48 * 4
     del small
     assert cache.held == 0 and not cache.copies
+
+
+@pytest.mark.parametrize("fast, became", [(SLOW_BOTH, "float32 (autocast off)"),
+                                          (FAST_BF16, "torch.bfloat16")])
+def test_the_report_says_what_an_autocast_region_ran_in(speeds, fast, became):
+    import cudashim.activation as activation
+    speeds(fast, report=True)
+    with torch.autocast("cuda", dtype=torch.float16):
+        pass
+    entries = activation.current_activation().report.entries
+    assert entries["torch.autocast(dtype=torch.float16)"]["became"] == became
+    assert entries["torch.autocast"]["became"] == "cpu"

@@ -72,8 +72,8 @@ _said = set()
 
 def _say_once(backend, report, asked, became, policy):
     became = "float32 (autocast off)" if became is None else str(became)
-    if report is not None:
-        report.count("torch.autocast", f"{asked} -> {became}")
+    if report is not None:                     # its own row: torch.autocast's says where it ran
+        report.count(f"torch.autocast(dtype={asked})", became)
     if asked not in _said:
         _said.add(asked)
         log.info("cudashim: autocast %s is slow on the '%s' backend; the region runs in %s "
