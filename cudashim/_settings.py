@@ -15,7 +15,7 @@ import dataclasses
 import os
 from typing import Any, Callable, Mapping, Optional, Tuple
 
-from . import backends, patches
+from . import backends, patches, substitutes
 
 ENV_ACTIVATE = "CUDASHIM_ACTIVATE"
 """Set to ``1`` by the launcher so the sitecustomize hook activates child interpreters."""
@@ -82,6 +82,19 @@ def _name_set(valid: Callable[[], Tuple[str, ...]], what: str):
                              f"valid: {', '.join(valid())}")
         return chosen
     return parse
+
+
+def _parse_substitutes(value, where):
+    """``all``, ``none``, or the libraries to substitute (``flash_attn,pynvml``)."""
+    if isinstance(value, str) and value.strip().lower() in ("all", "none"):
+        return None if value.strip().lower() == "all" else frozenset()
+    return _name_set(substitutes.names, "librar(y/ies) to substitute")(value, where)
+
+
+def _format_substitutes(value) -> Optional[str]:
+    if value is None:
+        return None                              # the default: every library
+    return ",".join(sorted(value)) if value else "none"
 
 
 def _parse_modules(value, where):
@@ -173,6 +186,10 @@ OPTIONS: Tuple[Option, ...] = (
     Option("tf32", "CUDASHIM_TF32", "auto", _one_of(TF32_POLICIES), choices=TF32_POLICIES,
            help="CUDA's TF32 flags turn on the target's reduced-precision float32 matmuls where "
                 "it has them (auto, the default), or change nothing (ignore)"),
+    Option("substitute", "CUDASHIM_SUBSTITUTE", None, _parse_substitutes, metavar="all|none|LIB[,LIB]",
+           format=_format_substitutes,
+           help="the CUDA-only libraries that get a stand-in where the real package cannot work "
+                "on the target (default all: " + ", ".join(substitutes.names()) + "), or none"),
     Option("disable", "CUDASHIM_DISABLE", frozenset(),
            _name_set(lambda: patches.GROUPS, "patch group(s)"), metavar="GROUP[,GROUP]",
            format=_format_set,
@@ -190,6 +207,10 @@ def env_var(name: str) -> str:
 class _SettingsMethods:
     def is_honest(self, question: str) -> bool:
         return question in self.honest
+
+    def substitutes(self, library: str) -> bool:
+        """Whether ``library`` may get a stand-in (``--substitute``)."""
+        return self.substitute is None or library in self.substitute
 
     def is_enabled(self, group: str) -> bool:
         return group not in self.disable

@@ -99,6 +99,8 @@ def doctor(settings) -> int:
     for package in VENDOR_PACKAGES:
         out(f"  {package:30s} {'found' if module_found(package) else 'not installed'}\n")
 
+    # Asked before activating: active, the import hook answers for the stand-ins.
+    stand_ins = list(substitute_lines(settings, backends.resolve(settings.backend)[0].device_type))
     try:
         with activation.activated(settings=_without_report(settings)) as backend:
             reason = activation.current_activation().reason
@@ -117,6 +119,7 @@ def doctor(settings) -> int:
             precision = activation.current_activation().precision
             if precision is not None:
                 out("precision:\n" + "".join(f"  {line}\n" for line in precision.describe()))
+            out("CUDA-only libraries (--substitute):\n" + "".join(f"  {line}\n" for line in stand_ins))
             out("patch groups:\n")
             width = max(map(len, patches.GROUPS))
             for name, off in patches.states(settings):
@@ -131,6 +134,21 @@ def doctor(settings) -> int:
         return 1
     out("self-check: pass (tensors, .cuda(), autocast, GradScaler, events, backward, checkpoint)\n")
     return 0
+
+
+def substitute_lines(settings, device_type: str):
+    """What an import of each CUDA-only library will get under these settings."""
+    from .substitutes import LIBRARIES
+
+    for name, library in LIBRARIES.items():
+        if not settings.substitutes(name):
+            state = "no stand-in (--substitute leaves it out)"
+        elif module_found(library.modules[0]):
+            state = (f"installed: imported first and tried on {device_type}; the stand-in serves "
+                     f"if it fails")
+        else:
+            state = "not installed: the stand-in serves"
+        yield f"{name:10s} {state}"
 
 
 def _without_report(settings):

@@ -21,6 +21,18 @@ class UnsupportedCudaAPI(RuntimeError):
         super().__init__(f"{api} is not supported by cudashim on the '{backend}' backend: {way_out}")
 
 
+class UnsupportedCudaImport(UnsupportedCudaAPI, ImportError):
+    """A name of a CUDA-only library that cudashim's stand-in for it does not provide.
+
+    Also an ImportError, so that ``try: from apex.contrib import ... except ImportError:``
+    takes the program's own fallback, as it would where the library is not installed.
+    """
+
+    def __init__(self, api: str, backend: str, way_out: str):
+        super().__init__(api, backend, way_out)
+        self.name = api
+
+
 class UnknownBackendError(ValueError):
     """A backend name that is not in cudashim's table."""
 

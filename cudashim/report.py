@@ -29,6 +29,7 @@ class Report:
         self.backend_name = backend_name
         self.entries: Dict[str, dict] = {}
         self.askers: Dict[str, Dict[str, str]] = {}      # question -> {module: what it heard}
+        self.stand_ins: Dict[str, str] = {}              # library -> why its stand-in was served
         self._lock = threading.Lock()
         self._skip = _SKIP_DIRS + tuple(d for d in (_torch_dir(),) if d)
 
@@ -49,6 +50,10 @@ class Report:
             with self._lock:
                 answers = self.askers.setdefault(question, {})
         answers.setdefault(top, "the truth" if honest else "the compatible answer")
+
+    def substituted(self, library: str, why: str) -> None:
+        """Record that ``library``'s import was served by cudashim's stand-in."""
+        self.stand_ins[library] = why
 
     def _call_site(self) -> str:
         """file:line of the first frame outside cudashim, torch and runpy (the user's code)."""
@@ -72,12 +77,13 @@ class Report:
     def as_dict(self) -> dict:
         return {"backend": self.backend_name, "rank": os.environ.get("RANK"), "pid": os.getpid(),
                 "apis": {k: dict(v) for k, v in sorted(self.entries.items())},
-                "asked": {k: dict(sorted(v.items())) for k, v in sorted(self.askers.items())}}
+                "asked": {k: dict(sorted(v.items())) for k, v in sorted(self.askers.items())},
+                "substituted": dict(sorted(self.stand_ins.items()))}
 
     def render(self) -> str:
         rank = os.environ.get("RANK")
         title = f"cudashim report ({self.backend_name} backend" + (f", rank {rank})" if rank else ")")
-        if not self.entries:
+        if not self.entries and not self.stand_ins:
             return f"{title}: the program used no CUDA API\n"
         rows = [("CUDA API", "calls", "became", "first call")]
         for api, e in sorted(self.entries.items(), key=lambda kv: (-kv[1]["calls"], kv[0])):
@@ -86,6 +92,9 @@ class Report:
         lines = [title]
         for r in rows:
             lines.append("  ".join(r[i].ljust(widths[i]) if i < 3 else r[i] for i in range(4)))
+        if self.stand_ins:
+            lines.append("CUDA-only libraries served by cudashim's stand-in:")
+            lines.extend(f"  {library}: {why}" for library, why in sorted(self.stand_ins.items()))
         if self.askers:
             lines.append("who asked, and what they heard:")
             for question, answers in sorted(self.askers.items()):

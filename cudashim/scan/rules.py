@@ -20,6 +20,7 @@ import functools
 import re
 from typing import Callable, Dict, List, Optional, Tuple
 
+from .. import substitutes
 from ..patches import extensions
 from . import libraries
 from .findings import CANNOT_RUN, HANDLED, NEEDS_CHANGE, Finding
@@ -215,6 +216,12 @@ class FileScanner(ast.NodeVisitor):
                 self._qualified(node, full)
 
     def _library(self, node, module: str) -> bool:
+        stand_in = substitutes.library_of(module)
+        if stand_in is not None and substitutes.provides(module) and not self.target.runs("cuda"):
+            self._add(node, (HANDLED, f"imports {module}: substituted, cudashim serves its stand-in "
+                                      f"on torch operations where the real {stand_in.name} "
+                                      f"cannot work", None))
+            return True
         found = libraries.cuda_only_library(module)
         if found is None:
             return False

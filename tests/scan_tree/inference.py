@@ -1,6 +1,6 @@
 """Generation with flash attention, imported under an alias."""
 import torch as th
-from flash_attn import flash_attn_func  # scan: cannot run here
+from flash_attn import flash_attn_func  # scan: handled
 
 from kernels.fused import add
 
@@ -13,3 +13,6 @@ def attend(q, k, v):
     out = flash_attn_func(q, k, v, causal=True)
     th.cuda._sleep(100)  # scan: needs a change
     return add(out, out)
+
+
+from flash_attn.ops.fused_dense import FusedDense  # scan: cannot run here

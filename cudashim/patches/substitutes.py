@@ -1,0 +1,20 @@
+"""CUDA-only libraries (flash_attn, xformers, apex, pynvml) get a stand-in where the real package cannot work.
+
+The import hook (``cudashim/substitutes/finder.py``) goes first on ``sys.meta_path`` and
+decides per library at its first import; ``--substitute`` chooses the libraries. A library
+imported before activation keeps what it imported. Deactivation takes the hook out and the
+stand-ins out of ``sys.modules``.
+"""
+
+import sys
+
+from ..substitutes.finder import SubstituteFinder, enabled_libraries
+
+
+def install(activation):
+    enabled = enabled_libraries(activation.settings)
+    if not enabled:
+        return
+    finder = SubstituteFinder(activation, enabled)
+    sys.meta_path.insert(0, finder)
+    activation.registry.add_undo("the import hook for CUDA-only libraries", finder.remove)

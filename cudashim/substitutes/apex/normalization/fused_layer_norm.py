@@ -1,0 +1,97 @@
+"""apex.normalization.fused_layer_norm: LayerNorm and RMSNorm on torch's own kernels.
+
+The ``Mixed`` variants keep float32 weights for half-precision inputs and return the input's
+dtype, as apex's mixed kernels do; the plain ones compute in the input's dtype, as
+``torch.nn.LayerNorm`` does. ``memory_efficient`` trades memory for recomputation in apex's
+kernels and changes nothing in the result, so it is accepted.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+import torch.nn.functional as F
+
+
+def _shape(normalized_shape):
+    if isinstance(normalized_shape, numbers.Integral):
+        return (int(normalized_shape),)
+    return tuple(normalized_shape)
+
+
+def fused_layer_norm_affine(input, weight, bias, normalized_shape, eps=1e-6, memory_efficient=False):
+    return F.layer_norm(input, _shape(normalized_shape), weight, bias, eps)
+
+
+def fused_layer_norm(input, normalized_shape, eps=1e-6, memory_efficient=False):
+    return F.layer_norm(input, _shape(normalized_shape), None, None, eps)
+
+
+def fused_rms_norm_affine(input, weight, normalized_shape, eps=1e-6, memory_efficient=False):
+    return F.rms_norm(input, _shape(normalized_shape), weight, eps)
+
+
+def fused_rms_norm(input, normalized_shape, eps=1e-6, memory_efficient=False):
+    return F.rms_norm(input, _shape(normalized_shape), None, eps)
+
+
+def mixed_dtype_fused_layer_norm_affine(input, weight, bias, normalized_shape, eps=1e-6,
+                                        memory_efficient=False):
+    out = F.layer_norm(input.float(), _shape(normalized_shape), weight.float(),
+                       None if bias is None else bias.float(), eps)
+    return out.to(input.dtype)
+
+
+def mixed_dtype_fused_rms_norm_affine(input, weight, normalized_shape, eps=1e-6,
+                                      memory_efficient=False):
+    return F.rms_norm(input.float(), _shape(normalized_shape), weight.float(), eps).to(input.dtype)
+
+
+class FusedLayerNormAffineFunction:
+    """The autograd function Megatron-style code calls as ``.apply(...)``."""
+
+    @staticmethod
+    def apply(input, weight, bias, normalized_shape, eps, memory_efficient=False):
+        return fused_layer_norm_affine(input, weight, bias, normalized_shape, eps)
+
+
+class FusedRMSNormAffineFunction:
+    @staticmethod
+    def apply(input, weight, normalized_shape, eps, memory_efficient=False):
+        return fused_rms_norm_affine(input, weight, normalized_shape, eps)
+
+
+class FusedLayerNorm(torch.nn.LayerNorm):
+    """apex.normalization.FusedLayerNorm: torch.nn.LayerNorm."""
+
+    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, memory_efficient=False):
+        super().__init__(normalized_shape, eps=eps, elementwise_affine=elementwise_affine)
+        self.memory_efficient = memory_efficient
+
+
+class FusedRMSNorm(torch.nn.RMSNorm):
+    """apex.normalization.FusedRMSNorm: torch.nn.RMSNorm."""
+
+    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, memory_efficient=False):
+        super().__init__(normalized_shape, eps=eps, elementwise_affine=elementwise_affine)
+        self.memory_efficient = memory_efficient
+
+
+class MixedFusedLayerNorm(FusedLayerNorm):
+    """Float32 weights, the input's dtype out."""
+
+    def forward(self, input):
+        if not self.elementwise_affine:
+            return super().forward(input)
+        return mixed_dtype_fused_layer_norm_affine(input, self.weight, self.bias,
+                                                   self.normalized_shape, self.eps)
+
+
+class MixedFusedRMSNorm(FusedRMSNorm):
+    """Float32 weights, the input's dtype out."""
+
+    def forward(self, input):
+        if not self.elementwise_affine:
+            return super().forward(input)
+        return mixed_dtype_fused_rms_norm_affine(input, self.weight, self.normalized_shape, self.eps)

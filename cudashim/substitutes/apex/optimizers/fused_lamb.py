@@ -1,0 +1,3 @@
+"""apex.optimizers.fused_lamb: where programs import FusedLAMB from."""
+
+from . import FusedLAMB  # noqa: F401

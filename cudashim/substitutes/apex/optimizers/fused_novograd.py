@@ -1,0 +1,3 @@
+"""apex.optimizers.fused_novograd: where programs import FusedNovoGrad from."""
+
+from . import FusedNovoGrad  # noqa: F401
