@@ -32,8 +32,7 @@ class Library:
     modules: Tuple[str, ...]         # top-level import names it serves
     distribution: str                # the distribution name its metadata answers to
     version: str                     # the upstream API version the stand-in follows
-    substituted: str                 # what the stand-in covers (README, doctor, scan)
-    refused: str                     # what it refuses, with UnsupportedCudaAPI
+    substituted: str                 # what the stand-in covers (named in its refusals)
 
     @property
     def full_version(self) -> str:
@@ -45,26 +44,20 @@ LIBRARIES: Dict[str, Library] = {library.name: library for library in (
             "flash_attn_func, its qkv/kv-packed and varlen variants, flash_attn_with_kvcache "
             "(causal, softmax_scale, dropout_p, window_size, softcap, alibi_slopes, "
             "return_attn_probs, paged KV), flash_attn.bert_padding, flash_attn.layers.rotary, "
-            "on scaled_dot_product_attention",
-            "the rest of flash_attn (modules, ops, losses): ImportError naming the way out"),
+            "on scaled_dot_product_attention"),
     Library("xformers", ("xformers",), "xformers", "0.0.32",
             "xformers.ops.memory_efficient_attention with LowerTriangularMask, BlockDiagonalMask "
             "(and its causal, local and bottom-right variants), tensor biases, fmha op names, "
-            "on scaled_dot_product_attention",
-            "xformers' other ops (swiglu, sequence parallel, sparse): ImportError naming the way out"),
+            "on scaled_dot_product_attention"),
     Library("apex", ("apex", "amp_C"), "apex", "0.1",
             "apex.optimizers (FusedAdam, FusedSGD, FusedAdagrad on torch.optim; FusedLAMB, "
             "FusedNovoGrad written here), apex.normalization, apex.amp on torch.amp, "
             "apex.parallel.DistributedDataParallel on torch's DDP, amp_C's l2norm/scale/axpby "
-            "through apex.multi_tensor_apply",
-            "apex.contrib, fused kernels without a torch equivalent (amp_C.multi_tensor_adam, "
-            "...), FusedAdam(bias_correction=False), amp opt_level O3"),
+            "through apex.multi_tensor_apply"),
     Library("pynvml", ("pynvml",), "nvidia-ml-py", "12.575.51",
             "nvmlInit/Shutdown, device count, handles, name, UUID, memory, utilization, "
             "temperature, power, driver and CUDA versions, running processes, answered by "
-            "the target",
-            "NVML calls with no target equivalent raise NVMLError_NotSupported, as NVML does "
-            "for a device without the feature"),
+            "the target"),
 )}
 
 
@@ -93,8 +86,3 @@ def provides(module: str) -> bool:
     path = HERE.joinpath(*module.split("."))
     return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
-
-def is_stand_in(module) -> bool:
-    """Whether an imported module object is one of these stand-ins."""
-    origin = getattr(getattr(module, "__spec__", None), "origin", None) or ""
-    return origin.startswith(str(HERE) + "/")

@@ -27,7 +27,7 @@ import logging
 import re
 import sys
 import threading
-from typing import Dict, Iterable, Optional
+from typing import Dict, Iterable
 
 from . import LIBRARIES, Library, probes, provides, source_of
 from ._refuse import refusal
@@ -192,9 +192,3 @@ def _forget(name: str) -> None:
 def enabled_libraries(settings) -> Iterable[str]:
     return [name for name in LIBRARIES if settings.substitutes(name)]
 
-
-def current_finder() -> Optional[SubstituteFinder]:
-    for finder in sys.meta_path:
-        if isinstance(finder, SubstituteFinder):
-            return finder
-    return None

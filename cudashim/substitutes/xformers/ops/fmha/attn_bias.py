@@ -12,7 +12,7 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
-from cudashim.substitutes._attention import attention
+from cudashim.substitutes._attention import attention, visibility
 
 _FULL = (-1, -1)
 
@@ -38,8 +38,6 @@ class AttentionBias:
         return self._additive(q, k, dtype).expand(shape)
 
     def _additive(self, q, k, dtype):
-        from cudashim.substitutes._attention import visibility
-
         seen = visibility(q.shape[1], k.shape[1], self.causal, self.window, q.device, self.top_left)
         bias = torch.zeros(q.shape[1], k.shape[1], dtype=dtype, device=q.device)
         if seen is not None:
