@@ -190,6 +190,9 @@ OPTIONS: Tuple[Option, ...] = (
            format=_format_substitutes,
            help="the CUDA-only libraries that get a stand-in where the real package cannot work "
                 "on the target (default all: " + ", ".join(substitutes.names()) + "), or none"),
+    Option("pure_python", "CUDASHIM_PURE_PYTHON", False, _parse_bool, format=_format_bool,
+           help="run the pure-Python wrappers even where the compiled fast path was built "
+                "(they behave the same; the compiled ones cost less per call)"),
     Option("disable", "CUDASHIM_DISABLE", frozenset(),
            _name_set(lambda: patches.GROUPS, "patch group(s)"), metavar="GROUP[,GROUP]",
            format=_format_set,

@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 
 import wrapt
 
-from . import _settings, backends, callers
+from . import _settings, backends, callers, speedups
 from .errors import warn_once
 from .registry import PatchRegistry
 
@@ -39,6 +39,7 @@ class Activation:
     translator: Any = None             # translation.DeviceTranslator (None when passing through)
     report: Any = None                 # report.Report, when the report is on
     precision: Any = None              # precision.PrecisionPolicy (None when passing through)
+    compiled: Any = None               # cudashim._speedups where it runs (see speedups.py), else None
     live: bool = True                  # False once deactivated: late hooks then patch nothing
 
     def replace(self, owner, name: str, make: Callable[[Any], Any]):
@@ -167,7 +168,10 @@ def _install(settings) -> Activation:
     report = Report(backend.name) if (settings.report or settings.report_json) else None
     activation = Activation(settings, backend, reason, registry,
                             DeviceTranslator(backend, report), report,
-                            PrecisionPolicy.of(backend, settings))
+                            PrecisionPolicy.of(backend, settings), speedups.chosen(settings))
+    if activation.compiled is not None and patches.off_reason("compiled", settings) is not None:
+        # torch.compile traces the compiled wrappers only through that group's patch.
+        activation.compiled = None
     callers.configure(settings.honest_for)
     registry.add_undo("who hears the truth", lambda: callers.configure(()))
     try:

@@ -63,6 +63,8 @@ def configure(honest_for: Iterable[str] = ()) -> None:
     global _honest
     _honest = honest_set(honest_for)
     _BY_CODE.clear()
+    for cache in _COMPILED.values():
+        cache.clear()
 
 
 def honest_modules() -> Tuple[str, ...]:
@@ -102,6 +104,19 @@ hears_truth, _BY_CODE = _asking(is_honest_module)
 # Whether torch itself asks (not any honest library): for the questions only torch's
 # internals ask while acting on the program's devices (``get_device_module("cuda")``).
 asked_by_torch, _ = _asking(is_torch_module)
+
+
+# The compiled twins of hears_truth's cache, one per compiled module (speedups.py).
+_COMPILED: dict = {}
+
+
+def compiled_truth(compiled):
+    """``compiled.CallerCache`` deciding as ``hears_truth``: the compiled wrappers ask it
+    about their caller without a Python frame. ``configure()`` clears it with the rest."""
+    cache = _COMPILED.get(compiled)
+    if cache is None:
+        cache = _COMPILED[compiled] = compiled.CallerCache(is_honest_module)
+    return cache
 
 
 def asking_module(depth: int = 2) -> str:

@@ -13,7 +13,8 @@ import platform
 import sys
 import traceback
 
-from . import __version__, backends, callers
+from . import __version__, backends, callers, speedups
+from .kernels import native
 from .backends.base import module_found
 from .errors import BackendUnavailableError
 
@@ -120,6 +121,11 @@ def doctor(settings) -> int:
             if precision is not None:
                 out("precision:\n" + "".join(f"  {line}\n" for line in precision.describe()))
             out("CUDA-only libraries (--substitute):\n" + "".join(f"  {line}\n" for line in stand_ins))
+            wrappers = speedups.describe(settings)
+            if activation.current_activation().compiled is None and "compiled" in wrappers:
+                wrappers = "pure Python (torch.compile could not trace the compiled ones: the 'compiled' group is off)"
+            out(f"hot wrappers: {wrappers}; host kernels: "
+                f"{native.unavailable() or 'compiled (cudashim.kernels._native)'}\n")
             out("patch groups:\n")
             width = max(map(len, patches.GROUPS))
             for name, off in patches.states(settings):

@@ -27,7 +27,8 @@ class DeviceTranslator:
     def __init__(self, backend, report=None):
         self.backend = backend
         self.report = report
-        self.cache: dict = {}
+        self.cache: dict = {}         # spec -> translated spec, or _UNCHANGED
+        self.indices: dict = {}       # int -> translated device (apart: True == 1 as a key)
         self.named: dict = {}         # spec string -> the device it stands for, translated
         self.translate = self._build()
 
@@ -36,7 +37,7 @@ class DeviceTranslator:
         backend = self.backend
         check_index = getattr(backend, "check_index", None) or _check_index_against(backend)
         target_device = backend.target_device
-        cache = self.cache
+        cache, indices = self.cache, self.indices
 
         def parse(spec):
             if spec.__class__ is int:
@@ -56,13 +57,14 @@ class DeviceTranslator:
             if spec.__class__ is bool or not isinstance(spec, (str, int, real_device)):
                 return spec
             result = parse(spec)
-            if spec.__class__ is not int and len(cache) < _CACHE_LIMIT:
-                cache[spec] = _UNCHANGED if result is spec else result   # ints stay out: True == 1
+            table = indices if spec.__class__ is int else cache
+            if len(table) < _CACHE_LIMIT:
+                table[spec] = _UNCHANGED if result is spec else result
             return result
 
         def translate(spec):
             try:
-                result = cache[spec]
+                result = (indices if spec.__class__ is int else cache)[spec]
             except KeyError:
                 return slow(spec)
             except TypeError:                             # unhashable: not a device spec
@@ -83,6 +85,14 @@ class DeviceTranslator:
             return result
 
         return translate_and_count
+
+    def compiled_translation(self, translate):
+        """``translate`` with the caches the compiled wrappers read directly:
+        (translate, cache, indices, unchanged marker). A counting translate has none, so
+        every call reaches it and is counted."""
+        if translate is self.translate:
+            return translate, self.cache, self.indices, _UNCHANGED
+        return translate, None, None, _UNCHANGED
 
     def device_named_for(self, api: str) -> Callable[[str], "torch.device"]:
         """``torch.device(spec)`` for a spec string, translated: the target device for a
@@ -106,6 +116,7 @@ class DeviceTranslator:
                     named[spec] = device      # devices are immutable: sharing one is safe
             return device
 
+        cached.named = named          # the compiled torch.device reads it directly
         return cached
 
     def type_for(self, api: str) -> Callable[[Any], Any]:

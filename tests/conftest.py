@@ -11,6 +11,23 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PARENT_PID = os.getpid()
+# The one cudashim variable a test run hands on to the interpreters it starts: the suite's
+# second pass (``pytest --pure-python``) runs everything on the pure-Python wrappers.
+PURE_PYTHON = "CUDASHIM_PURE_PYTHON"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--pure-python", action="store_true",
+                     help="run cudashim's pure-Python wrappers and kernels, not the compiled ones")
+
+
+def pytest_configure(config):
+    if config.getoption("--pure-python"):
+        os.environ[PURE_PYTHON] = "1"
+
+
+def _clean_env():
+    return {k: v for k, v in os.environ.items() if not k.startswith("CUDASHIM_") or k == PURE_PYTHON}
 
 
 @pytest.fixture(autouse=True)
@@ -33,7 +50,7 @@ def shim():
 
 def python(*args, env=None, cwd=None, timeout=300, input=None):
     """Run a fresh interpreter; return the CompletedProcess (text)."""
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("CUDASHIM_")}
+    full_env = _clean_env()
     full_env.pop("PYTHONPATH", None)
     full_env.update(env or {})
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=full_env,
@@ -53,7 +70,7 @@ def torchrun_two_nodes(*args, env=None, timeout=240):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("CUDASHIM_")}
+    full_env = _clean_env()
     full_env.pop("PYTHONPATH", None)
     full_env.update(env or {})
     nodes = [subprocess.Popen(

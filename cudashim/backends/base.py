@@ -100,6 +100,11 @@ class Backend:
         return torch.get_device_module(self.device_type)
 
     # --- devices ----------------------------------------------------------------------
+    def native_answers(self) -> dict:
+        """{torch.cuda name: a C callable (no Python frame) that answers exactly as the
+        method of that name}, for the hottest questions; none by default."""
+        return {}
+
     @cuda_api
     def device_count(self) -> int:
         return self.module.device_count()

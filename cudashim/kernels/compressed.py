@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from . import pack_signs, unpack_signs
+from . import native, pack_signs, unpack_signs
 
 
 def error_buffer_size(numel: int, world_size: int) -> int:
@@ -28,10 +28,41 @@ def error_buffer_size(numel: int, world_size: int) -> int:
 def _compress(x: torch.Tensor, error: torch.Tensor):
     """Scale and packed signs of ``x`` (zero counts as positive); ``error`` becomes what
     they fail to represent: ``x - scale * sign``."""
+    if _on_host(x, error):
+        return native.compress(x, error)
     scale = torch.linalg.vector_norm(x) / math.sqrt(x.numel())
     scaled_signs = (x >= 0).to(x.dtype).mul_(2 * scale).sub_(scale)    # +scale or -scale
     torch.sub(x, scaled_signs, out=error)
     return scale, pack_signs(x)
+
+
+def compensate_and_compress(buffer: torch.Tensor, error: torch.Tensor):
+    """The worker side: ``buffer`` plus the error carried from the last call (``error`` is
+    the longer, padded to whole bytes per rank), compressed; ``error`` is updated."""
+    n, size = buffer.numel(), error.numel()
+    x = native.empty(size, error.dtype) if _on_host(error) else torch.empty_like(error)
+    torch.add(error[:n], buffer.reshape(-1), out=x[:n])
+    x[n:] = error[n:]                                  # the padding carries its error alone
+    return _compress(x, error)
+
+
+def _on_host(*tensors: torch.Tensor) -> bool:
+    """Whether the compiled kernels take these: contiguous float32 (or uint8) CPU tensors."""
+    return native.usable() and all(
+        t.device.type == "cpu" and t.is_contiguous() and t.dtype in (torch.float32, torch.uint8)
+        for t in tensors)
+
+
+def _signs_times_scales(packed: torch.Tensor, scales: torch.Tensor, rows: int, columns: int,
+                        summed: bool) -> torch.Tensor:
+    """Row r of the packed signs times ``scales[r]``: rows x columns, or summed over rows."""
+    if _on_host(packed, scales):
+        out = native.empty(columns if summed else rows * columns, torch.float32)
+        native.signs_into(packed, scales, out, rows, accumulate=summed)
+        return out if summed else out.view(rows, columns)
+    signs = unpack_signs(packed, dtype=scales.dtype).view(rows, columns)
+    signs.mul_(scales.view(rows, 1))
+    return signs.sum(0) if summed else signs
 
 
 class CompressedBackend:
@@ -57,20 +88,15 @@ class CompressedBackend:
         chunk = size // world
         if server_error.numel() != chunk:
             raise ValueError(f"server_error has {server_error.numel()} elements; expected {chunk}")
-        dtype, device = worker_error.dtype, buffer.device
 
         # Worker side: compensate, compress, send chunk r of the signs to rank r.
-        x = torch.zeros(size, dtype=dtype, device=device)
-        x[:n] = buffer.reshape(-1)
-        x.add_(worker_error)
-        worker_scale, packed = _compress(x, worker_error)
+        worker_scale, packed = compensate_and_compress(buffer, worker_error)
         received = torch.empty_like(packed)
         dist.all_to_all_single(received, packed, group=self.group)
         worker_scales = self._all_gather_scale(worker_scale)
 
         # Server side: average this rank's chunk across ranks, compensate, compress again.
-        signs = unpack_signs(received, dtype=dtype).view(world, chunk)
-        server = (signs * worker_scales.view(world, 1)).sum(0).div_(world)
+        server = _signs_times_scales(received, worker_scales, world, chunk, summed=True).div_(world)
         server.add_(server_error)
         server_scale, server_packed = _compress(server, server_error)
 
@@ -78,8 +104,7 @@ class CompressedBackend:
         gathered = [torch.empty_like(server_packed) for _ in range(world)]
         dist.all_gather(gathered, server_packed, group=self.group)
         server_scales = self._all_gather_scale(server_scale)
-        result = unpack_signs(torch.cat(gathered), dtype=dtype).view(world, chunk)
-        result.mul_(server_scales.view(world, 1))
+        result = _signs_times_scales(torch.cat(gathered), server_scales, world, chunk, summed=False)
         buffer.copy_(result.reshape(-1)[:n].view_as(buffer))
         return buffer
 

@@ -1,4 +1,5 @@
-"""The built-in fast paths: CuPy on CUDA, torch_npu's sign-bit packing on Ascend NPUs.
+"""The built-in fast paths: compiled C on host memory, CuPy on CUDA, torch_npu's sign-bit
+packing on Ascend NPUs.
 
 Each is registered with an availability check that imports its library only when a tensor
 of that device type first arrives, and is verified against the portable version once
@@ -12,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from . import bits
+from . import bits, native
 from .registry import register_kernel
 
 
@@ -78,6 +79,9 @@ def npu_unpack_signs(packed: torch.Tensor, count: Optional[int] = None,
 
 
 def register_builtin() -> None:
+    for op in ("packbits", "unpackbits", "pack_signs", "unpack_signs"):
+        register_kernel(op, "cpu", getattr(native, op), native.unavailable,
+                        "compiled C (cudashim.kernels._native)")
     register_kernel("packbits", "cuda", cupy_packbits, _cupy_unavailable, "CuPy packbits")
     register_kernel("unpackbits", "cuda", cupy_unpackbits, _cupy_unavailable, "CuPy unpackbits")
     register_kernel("pack_signs", "cuda", cupy_pack_signs, _cupy_unavailable, "CuPy packbits")

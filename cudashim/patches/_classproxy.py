@@ -14,7 +14,9 @@ def real_class(obj):
     return type.__getattribute__(obj, "__wrapped__") if isinstance(obj, ClassProxy) else obj
 
 
-def class_proxy(real_cls, construct):
+def class_proxy(real_cls, construct, call=None):
+    """A stand-in for ``real_cls`` whose calls are ``construct(*args, **kwargs)``; ``call``,
+    where given, is the metaclass ``__call__`` (a compiled one that behaves the same)."""
     class _Meta(ClassProxy):
         def __instancecheck__(cls, obj):
             return isinstance(obj, real_cls)
@@ -39,6 +41,8 @@ def class_proxy(real_cls, construct):
         def __repr__(cls):
             return repr(real_cls)
 
+    if call is not None:
+        _Meta.__call__ = call
     return _Meta(real_cls.__name__, (), {"__module__": real_cls.__module__,
                                          "__doc__": real_cls.__doc__,
                                          "__wrapped__": real_cls})

@@ -1,9 +1,15 @@
-"""torch.compile: compiled code hears the same ``is_cuda`` as eager code.
+"""torch.compile: compiled code hears the same ``is_cuda`` as eager code, and traces our wrappers.
 
 Dynamo does not call ``Tensor.is_cuda`` while it traces; it answers from the device type
 (``device.type == "cuda"``). So for the program's own code it is told what the program
-hears in eager mode, and torch's code it traces still hears the truth. Dynamo is imported
-lazily (it costs a second), so the patch waits for that import when it has not happened.
+hears in eager mode, and torch's code it traces still hears the truth.
+
+Dynamo cannot look inside the compiled wrappers (``cudashim._speedups``): where they run,
+it is shown each one's Python twin instead (its ``python_twin``, which behaves the same),
+and traces through that as it traces the pure-Python wrappers.
+
+Dynamo is imported lazily (it costs a second), so the patches wait for that import when it
+has not happened.
 """
 
 import wrapt
@@ -11,11 +17,14 @@ import wrapt
 from ..callers import is_torch_module
 
 DYNAMO_TENSORS = "torch._dynamo.variables.tensor"
+DYNAMO_BUILDER = "torch._dynamo.variables.builder"
 # A private dynamo method (and VariableTracker.build, new in torch 2.6) is patched here.
 SUPPORTED_TORCH = ("2.6", None)
 
 
 def install(activation):
+    if activation.compiled is not None:
+        _trace_python_twins(activation)
     if activation.settings.is_honest("is_cuda"):
         return
     device_type = activation.backend.device_type
@@ -36,3 +45,37 @@ def install(activation):
         activation.registry.set_attr(TensorVariable, "method_attr_is_cuda", method_attr_is_cuda)
 
     wrapt.register_post_import_hook(patch, DYNAMO_TENSORS)
+
+
+def _trace_python_twins(activation):
+    compiled_types = tuple(getattr(activation.compiled, name) for name in
+                           ("Rewriter", "TruthSwitch", "DefaultDevice"))
+
+    def patch(module):
+        if not activation.live:
+            return
+        from torch._dynamo import trace_rules
+        from torch._dynamo.guards import GuardBuilder
+        from torch._dynamo.source import AttrSource
+
+        VariableBuilder = module.VariableBuilder
+        original = VariableBuilder._wrap
+
+        def _wrap(self, value):
+            if type(value) in compiled_types and "python_twin" in vars(value):
+                rule = trace_rules.get_torch_obj_rule_map().get(value)
+                if rule is not None:
+                    # Torch's table was built after activation, so it names the wrapper
+                    # itself (``torch.zeros``): an op in the graph, as the twin would be.
+                    self.install_guards(GuardBuilder.ID_MATCH)
+                    return rule.create_with_source(value, source=self.source)
+                # Guarded as dynamo guards a functools.partial: the wrapper's type, and the
+                # twin it traces by identity.
+                self.install_guards(GuardBuilder.TYPE_MATCH)
+                twin_source = AttrSource(self.get_source(), "python_twin")
+                return VariableBuilder(self.tx, twin_source)(value.python_twin)
+            return original(self, value)
+
+        activation.registry.set_attr(VariableBuilder, "_wrap", _wrap)
+
+    wrapt.register_post_import_hook(patch, DYNAMO_BUILDER)

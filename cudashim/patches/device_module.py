@@ -19,14 +19,14 @@ import types
 
 import torch
 
-from ..proxy.module import CudaProxyModule
+from ..proxy.module import is_proxy
 
 log = logging.getLogger(__name__)
 
 
 def install(activation):
     proxy = sys.modules.get("torch.cuda")
-    if not isinstance(proxy, CudaProxyModule):
+    if not is_proxy(proxy):
         log.debug("cudashim: torch.cuda is not the proxy; the target's device module is left as is")
         return
     target = target_module(activation.backend)

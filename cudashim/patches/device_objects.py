@@ -33,7 +33,11 @@ def install(activation):
                 return translate(spec)              # torch.device(0): a CUDA index
         return translate(real_device(*args, **kwargs))
 
-    activation.registry.set_attr(torch, "device", class_proxy(real_device, construct_device))
+    # Compiled: torch.device("cuda") is one dict lookup, without a Python frame.
+    named = getattr(device_named, "named", None)
+    call = None if activation.compiled is None or named is None else \
+        activation.compiled.NamedDevice(named, construct_device)
+    activation.registry.set_attr(torch, "device", class_proxy(real_device, construct_device, call))
 
     real_generator = torch.Generator
     translate_generator = activation.translator.for_api("torch.Generator")

@@ -218,8 +218,20 @@ def rewritten(activation, declaration: Rewrite, original):
     elif all(position is None and missing is NOTHING for position, _, _, _, missing in slots):
         function = _keywords_only(original, [(keyword, translate) for _, keyword, translate, _, _ in slots])
     else:
-        function = _any_arguments(original, slots)
-    return functools.wraps(original)(function)
+        return functools.wraps(original)(_any_arguments(original, slots))
+    function = functools.wraps(original)(function)
+    if activation.compiled is None:
+        return function
+    return compiled_twin(_compiled(activation, original, slots), function)
+
+
+def compiled_twin(compiled, python):
+    """``compiled``, named as ``python`` is, with ``python`` as its twin: torch.compile
+    traces the twin (patches/compiled.py), which behaves the same."""
+    functools.update_wrapper(compiled, python, updated=())
+    compiled.__wrapped__ = python.__wrapped__ if hasattr(python, "__wrapped__") else python
+    compiled.python_twin = python
+    return compiled
 
 
 def _slot(activation, declaration, argument, original):
@@ -240,6 +252,15 @@ def _signature_position(original, parameter: str) -> Optional[int]:
             positional = p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
             return index if positional else None
     return None
+
+
+def _compiled(activation, original, slots):
+    """The compiled twin of ``_one_argument`` and ``_keywords_only``: the same rewriting,
+    without a Python frame, reading the translator's caches directly."""
+    translation = activation.translator.compiled_translation
+    return activation.compiled.Rewriter(original, tuple(
+        (position, keyword, classes, *translation(translate))
+        for position, keyword, translate, classes, _ in slots))
 
 
 def _one_argument(original, position, keyword, translate, classes):

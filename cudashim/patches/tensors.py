@@ -10,7 +10,7 @@ import functools
 import torch
 
 from ..callers import hears_truth
-from .rewriter import DEVICE, apply, rewrite
+from .rewriter import DEVICE, apply, compiled_twin, rewrite
 
 REWRITES = (
     # Tensor.to(self, *args, **kwargs): the device, when given, is the first positional.
@@ -40,9 +40,28 @@ def on_target_check(backend):
     return lambda t: t.device.type == device_type
 
 
+def is_cuda_property(real_is_cuda, backend, compiled=None):
+    """``Tensor.is_cuda``: the truth for callers that hear it, else True on the target too."""
+    doc = "True for tensors on the target device"
+    target_getter = vars(torch._C.TensorBase).get(f"is_{backend.device_type}")
+    if compiled is not None:
+        from ..callers import compiled_truth
+        on_target = target_getter if target_getter is not None else on_target_check(backend)
+        return compiled.IsCuda(compiled_truth(compiled), real_is_cuda, on_target, doc)
+    on_target, real = on_target_check(backend), real_is_cuda.__get__
+
+    def is_cuda(self):
+        if hears_truth():
+            return real(self)
+        return on_target(self) or real(self)
+
+    return property(is_cuda, doc=doc)
+
+
 def install(activation):
     T = torch.Tensor
     backend, settings, registry = activation.backend, activation.settings, activation.registry
+    compiled = activation.compiled
     on_target = on_target_check(backend)
     real_to = torch._C.TensorBase.to
 
@@ -52,17 +71,17 @@ def install(activation):
         target = translate_cuda("cuda" if device is None else device)
         return real_to(self, device=target, non_blocking=non_blocking, memory_format=memory_format)
 
+    if compiled is not None:           # t.cuda() and t.cuda(i) without a Python frame
+        # To host memory, Tensor.cpu() is the same move as to(cpu) with less argument parsing.
+        host = backend.target_device(None) if backend.device_type == "cpu" else None
+        cuda = compiled_twin(compiled.DefaultDevice(
+            real_to, cuda, "cuda", *activation.translator.compiled_translation(translate_cuda),
+            host, torch._C.TensorBase.cpu), cuda)
     registry.set_attr(T, "cuda", cuda)
 
     if not settings.is_honest("is_cuda"):
-        real_is_cuda = vars(torch._C.TensorBase)["is_cuda"].__get__
-
-        def is_cuda(self):
-            if hears_truth():
-                return real_is_cuda(self)
-            return on_target(self) or real_is_cuda(self)
-
-        registry.set_attr(T, "is_cuda", property(is_cuda, doc="True for tensors on the target device"))
+        real_is_cuda = vars(torch._C.TensorBase)["is_cuda"]
+        registry.set_attr(T, "is_cuda", is_cuda_property(real_is_cuda, backend, compiled))
 
         def make_get_device(original):
             def get_device(self):

@@ -46,7 +46,8 @@ def forwarder(backend, method_name: str, public_name: Optional[str] = None):
     names = [p.name for p in parameters]
     if "index" not in names:
         if public_name == method_name:
-            return method                               # nothing to convert: no extra frame
+            # nothing to convert: the method itself, or the same answer without a frame
+            return backend.native_answers().get(method_name, method)
 
         def forward(*args, **kwargs):
             return method(*args, **kwargs)

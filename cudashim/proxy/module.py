@@ -8,34 +8,38 @@ must get the real thing.
 from __future__ import annotations
 
 import contextlib
+import functools
 import types
 from typing import Dict
 
-from ..callers import asking_module, hears_truth
+from ..callers import asking_module, compiled_truth, hears_truth
 from ..errors import UnsupportedCudaAPI, warn_once
 from . import surface
 from .forwarders import forwarded_names, forwarder
 from .implementation import IMPLEMENTATIONS
 
 
-class CudaProxyModule(types.ModuleType):
-    """A stand-in for a real ``torch.cuda`` module."""
+def proxy_module(real: types.ModuleType) -> types.ModuleType:
+    """A stand-in for a real ``torch.cuda`` module.
 
-    def __init__(self, real: types.ModuleType):
-        super().__init__(real.__name__, real.__doc__)
-        for dunder in ("__file__", "__path__", "__package__", "__spec__", "__loader__"):
-            if hasattr(real, dunder):
-                setattr(self, dunder, getattr(real, dunder))
-        self.__dict__["_cudashim_real"] = real
+    A plain module object, not an instance of a subclass: Python reads attributes of exact
+    modules on its fastest path, and every ``torch.cuda.X`` in a program pays for that.
+    """
+    proxy = types.ModuleType(real.__name__, real.__doc__)
+    for dunder in ("__file__", "__path__", "__package__", "__spec__", "__loader__"):
+        if hasattr(real, dunder):
+            setattr(proxy, dunder, getattr(real, dunder))
+    proxy.__dict__["_cudashim_real"] = real
+    # Names not bound on the proxy fall through to the real module (PEP 562).
+    proxy.__dict__["__getattr__"] = functools.partial(getattr, real)
+    return proxy
 
-    def __getattr__(self, name):           # only reached for names not bound on the proxy
-        return getattr(self.__dict__["_cudashim_real"], name)
 
-    def __repr__(self):
-        return f"<cudashim proxy for module '{self.__name__}'>"
+def is_proxy(module) -> bool:
+    return isinstance(module, types.ModuleType) and "_cudashim_real" in vars(module)
 
 
-def build_proxies(real_top, activation) -> Dict[str, CudaProxyModule]:
+def build_proxies(real_top, activation) -> Dict[str, types.ModuleType]:
     """{module name: proxy} for ``torch.cuda`` and every public submodule below it."""
     reals = list(surface.real_submodules(real_top))
     by_name = {m.__name__: m for m in reals}
@@ -43,7 +47,7 @@ def build_proxies(real_top, activation) -> Dict[str, CudaProxyModule]:
              for name, cls in IMPLEMENTATIONS.items() if name in by_name}
     forwarded = {name: forwarder(activation.backend, name) for name in forwarded_names()}
     bound[real_top.__name__] = {**forwarded, **bound[real_top.__name__]}
-    proxies = {m.__name__: CudaProxyModule(m) for m in reals}
+    proxies = {m.__name__: proxy_module(m) for m in reals}
     for real in reals:                     # packages come before their submodules
         proxy = proxies[real.__name__]
         for name in surface.public_names(real):
@@ -70,18 +74,18 @@ def _bind(real, name, real_top, proxies, bound, activation):
         if callable(ours) and not isinstance(ours, type) and callable(value):
             became = (f"{activation.backend.name} backend" if kind == surface.BACKEND
                       else f"cudashim on {activation.backend.name}")
-            ours = answer_by_caller(qualname, value, ours, became, activation.report)
+            ours = answer_by_caller(qualname, value, ours, became, activation.report,
+                                    activation.compiled)
         return ours
     return refusal(qualname, way_out, kind == surface.HARMLESS, isinstance(value, type),
                    activation.backend, activation.settings, activation.report)
 
 
-def answer_by_caller(api, real, ours, became, report=None):
+def answer_by_caller(api, real, ours, became, report=None, compiled=None):
     """Who hears the truth (torch's own modules, the libraries that load CUDA code: the
     caller policy) calls the real function, so torch behaves exactly as it does without
     cudashim (inductor, for one, branches on what torch.cuda raises); the program and its
     other libraries call ours."""
-
     def function(*args, **kwargs):
         honest = hears_truth()
         if report is not None:
@@ -90,7 +94,16 @@ def answer_by_caller(api, real, ours, became, report=None):
                 report.count(api, became)
         return real(*args, **kwargs) if honest else ours(*args, **kwargs)
 
-    function.__name__ = function.__qualname__ = ours.__name__
+    function = _named_like(function, ours, real)
+    if compiled is not None and report is None:      # the report counts each call: Python
+        switch = _named_like(compiled.TruthSwitch(compiled_truth(compiled), real, ours), ours, real)
+        switch.python_twin = function
+        return switch
+    return function
+
+
+def _named_like(function, ours, real):
+    function.__name__ = function.__qualname__ = getattr(real, "__name__", None) or ours.__name__
     function.__doc__ = ours.__doc__ or getattr(real, "__doc__", None)
     function.__wrapped__ = ours
     function.cudashim_answer = ours        # the answer itself, for callers that are never torch's

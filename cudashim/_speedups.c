@@ -1,0 +1,1085 @@
+/* The compiled fast path for cudashim's hot wrappers.
+ *
+ * Each type here is the C twin of a pure-Python wrapper and behaves the same; cudashim
+ * uses the Python one where this module was not built or the pure_python setting is on
+ * (cudashim/speedups.py chooses). What makes them cheap: no Python frame of their own,
+ * vectorcall in and out, the translator's caches read directly, and the caller check
+ * ("who asks") answered from a table keyed by code object pointer.
+ *
+ *   CallerCache     who asks: the caller's code object -> does its module hear the truth
+ *   Rewriter        a callable's device arguments translated (patches/rewriter.py)
+ *   TruthSwitch     torch.cuda functions: the real one for honest callers, ours otherwise
+ *   IsCuda          the Tensor.is_cuda property (patches/tensors.py)
+ *   DefaultDevice   Tensor.cuda(): a device argument that defaults to "cuda"
+ *   NamedDevice     torch.device("cuda") through the class stand-in's __call__
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <frameobject.h>
+#include <structmember.h>
+#include <stdint.h>
+
+#if PY_VERSION_HEX < 0x03090000
+#error "cudashim._speedups needs Python 3.9 or later"
+#endif
+
+/* ------------------------------------------------------------------------------------ */
+/* CallerCache                                                                           */
+/* ------------------------------------------------------------------------------------ */
+
+/* Open addressing over code object pointers. A code object is held (a reference), so its
+ * address cannot be reused by another while it is in the table. */
+#define CALLER_SLOTS 16384            /* a power of two */
+#define CALLER_LIMIT 8192             /* as callers._BY_CODE_LIMIT: at most half full */
+
+typedef struct {
+    PyObject *code;
+    int answer;
+} CallerEntry;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *decide;                 /* module name -> bool */
+    CallerEntry *table;
+    Py_ssize_t used;
+} CallerCacheObject;
+
+static PyTypeObject CallerCacheType;
+
+static inline size_t caller_slot(PyObject *code)
+{
+    return ((uintptr_t)code >> 4) & (CALLER_SLOTS - 1);
+}
+
+static int caller_decide(CallerCacheObject *self, PyFrameObject *frame)
+{
+    PyObject *globals = NULL, *name = NULL, *answer;
+    int result;
+    if (frame != NULL) {
+#if PY_VERSION_HEX >= 0x030B0000
+        globals = PyFrame_GetGlobals(frame);
+#else
+        globals = PyObject_GetAttrString((PyObject *)frame, "f_globals");
+#endif
+        if (globals == NULL)
+            return -1;
+        name = PyDict_Check(globals) ? PyDict_GetItemString(globals, "__name__") : NULL;
+    }
+    /* No Python caller, or one without a module name: decided as the nameless module "". */
+    if (name == NULL)
+        name = PyUnicode_FromString("");
+    else
+        Py_INCREF(name);
+    answer = name == NULL ? NULL : PyObject_CallOneArg(self->decide, name);
+    Py_XDECREF(name);
+    Py_XDECREF(globals);
+    if (answer == NULL)
+        return -1;
+    result = PyObject_IsTrue(answer);
+    Py_DECREF(answer);
+    return result;
+}
+
+/* Does the code running in ``frame`` hear the truth? 1, 0, or -1 with an exception set. */
+static int caller_answer(CallerCacheObject *self, PyFrameObject *frame)
+{
+    PyCodeObject *code;
+    size_t slot;
+    int answer;
+    if (frame == NULL)                /* no Python caller: decided as a nameless module */
+        return caller_decide(self, NULL);
+    code = PyFrame_GetCode(frame);    /* a new reference */
+    slot = caller_slot((PyObject *)code);
+    for (;;) {
+        CallerEntry *entry = &self->table[slot];
+        if (entry->code == (PyObject *)code) {
+            Py_DECREF(code);
+            return entry->answer;
+        }
+        if (entry->code == NULL)
+            break;
+        slot = (slot + 1) & (CALLER_SLOTS - 1);
+    }
+    answer = caller_decide(self, frame);
+    if (answer >= 0 && self->used < CALLER_LIMIT) {
+        self->table[slot].code = (PyObject *)code;      /* the table keeps the reference */
+        self->table[slot].answer = answer;
+        self->used++;
+    } else {
+        Py_DECREF(code);
+    }
+    return answer;
+}
+
+/* The frame ``depth`` levels up: 1 is the Python code calling into C. Borrowed-like: the
+ * caller must Py_XDECREF what ``*owned`` holds. */
+static PyFrameObject *frame_at(int depth, PyFrameObject **owned)
+{
+    PyFrameObject *frame = PyEval_GetFrame();
+    *owned = NULL;
+    while (frame != NULL && depth-- > 1) {
+        PyFrameObject *back = PyFrame_GetBack(frame);   /* a new reference */
+        Py_XDECREF(*owned);
+        *owned = back;
+        frame = back;
+    }
+    return frame;
+}
+
+static void caller_cache_clear_table(CallerCacheObject *self)
+{
+    Py_ssize_t i;
+    for (i = 0; i < CALLER_SLOTS; i++)
+        Py_CLEAR(self->table[i].code);
+    self->used = 0;
+}
+
+static PyObject *CallerCache_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *keywords[] = {"decide", NULL};
+    PyObject *decide;
+    CallerCacheObject *self;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O:CallerCache", keywords, &decide))
+        return NULL;
+    if (!PyCallable_Check(decide)) {
+        PyErr_SetString(PyExc_TypeError, "CallerCache(decide): decide must be callable");
+        return NULL;
+    }
+    self = (CallerCacheObject *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->table = PyMem_Calloc(CALLER_SLOTS, sizeof(CallerEntry));
+    if (self->table == NULL) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    Py_INCREF(decide);
+    self->decide = decide;
+    return (PyObject *)self;
+}
+
+static int CallerCache_traverse(CallerCacheObject *self, visitproc visit, void *arg)
+{
+    Py_ssize_t i;
+    Py_VISIT(self->decide);
+    if (self->table != NULL)
+        for (i = 0; i < CALLER_SLOTS; i++)
+            Py_VISIT(self->table[i].code);
+    return 0;
+}
+
+static int CallerCache_clear(CallerCacheObject *self)
+{
+    Py_CLEAR(self->decide);
+    if (self->table != NULL)
+        caller_cache_clear_table(self);
+    return 0;
+}
+
+static void CallerCache_dealloc(CallerCacheObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    CallerCache_clear(self);
+    PyMem_Free(self->table);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *CallerCache_ask(CallerCacheObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int depth = 2, answer;
+    PyFrameObject *owned, *frame;
+    if (nargs > 1) {
+        PyErr_SetString(PyExc_TypeError, "ask() takes at most one argument (depth)");
+        return NULL;
+    }
+    if (nargs == 1) {
+        depth = (int)PyLong_AsLong(args[0]);
+        if (depth == -1 && PyErr_Occurred())
+            return NULL;
+    }
+    /* As sys._getframe(depth) seen from a Python ask(): 1 is ask's caller. */
+    frame = frame_at(depth, &owned);
+    answer = caller_answer(self, frame);
+    Py_XDECREF(owned);
+    if (answer < 0)
+        return NULL;
+    return PyBool_FromLong(answer);
+}
+
+static PyObject *CallerCache_clear_method(CallerCacheObject *self, PyObject *unused)
+{
+    caller_cache_clear_table(self);
+    Py_RETURN_NONE;
+}
+
+static Py_ssize_t CallerCache_len(CallerCacheObject *self)
+{
+    return self->used;
+}
+
+static PyMethodDef CallerCache_methods[] = {
+    {"ask", (PyCFunction)(void (*)(void))CallerCache_ask, METH_FASTCALL,
+     "ask(depth=2): does the code depth - 1 frames above the caller hear the truth?"},
+    {"clear", (PyCFunction)CallerCache_clear_method, METH_NOARGS, "forget every answer"},
+    {NULL}
+};
+
+static PySequenceMethods CallerCache_as_sequence = {
+    .sq_length = (lenfunc)CallerCache_len,
+};
+
+static PyTypeObject CallerCacheType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "cudashim._speedups.CallerCache",
+    .tp_basicsize = sizeof(CallerCacheObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "CallerCache(decide): decide(module name) per calling code object, remembered",
+    .tp_new = CallerCache_new,
+    .tp_traverse = (traverseproc)CallerCache_traverse,
+    .tp_clear = (inquiry)CallerCache_clear,
+    .tp_dealloc = (destructor)CallerCache_dealloc,
+    .tp_methods = CallerCache_methods,
+    .tp_as_sequence = &CallerCache_as_sequence,
+};
+
+static int check_cache(PyObject *cache)
+{
+    if (!PyObject_TypeCheck(cache, &CallerCacheType)) {
+        PyErr_SetString(PyExc_TypeError, "expected a cudashim._speedups.CallerCache");
+        return 0;
+    }
+    return 1;
+}
+
+/* Is the code running right now (the Python caller of the C function) honest? */
+static inline int current_caller_honest(PyObject *cache)
+{
+    return caller_answer((CallerCacheObject *)cache, PyEval_GetFrame());
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Translation: the translator's caches read in C, its function called on a miss          */
+/* ------------------------------------------------------------------------------------ */
+
+#define MAX_CLASSES 8
+
+typedef struct {
+    PyObject *translate;      /* spec -> translated spec (the Python translator) */
+    PyObject *cache;          /* dict spec -> result or the unchanged marker, or NULL */
+    PyObject *indices;        /* dict int -> result (ints are kept apart: True == 1), or NULL */
+    PyObject *unchanged;      /* the marker for "hand back the caller's object" */
+} Translation;
+
+static int translation_init(Translation *t, PyObject *translate, PyObject *cache,
+                            PyObject *indices, PyObject *unchanged)
+{
+    if (!PyCallable_Check(translate)) {
+        PyErr_SetString(PyExc_TypeError, "translate must be callable");
+        return 0;
+    }
+    if ((cache != Py_None && !PyDict_Check(cache)) || (indices != Py_None && !PyDict_Check(indices))) {
+        PyErr_SetString(PyExc_TypeError, "the translation caches must be dicts or None");
+        return 0;
+    }
+    t->translate = translate;
+    Py_INCREF(translate);
+    t->cache = cache == Py_None ? NULL : (Py_INCREF(cache), cache);
+    t->indices = indices == Py_None ? NULL : (Py_INCREF(indices), indices);
+    Py_INCREF(unchanged);
+    t->unchanged = unchanged;
+    return 1;
+}
+
+static int translation_traverse(Translation *t, visitproc visit, void *arg)
+{
+    Py_VISIT(t->translate);
+    Py_VISIT(t->cache);
+    Py_VISIT(t->indices);
+    Py_VISIT(t->unchanged);
+    return 0;
+}
+
+static void translation_clear(Translation *t)
+{
+    Py_CLEAR(t->translate);
+    Py_CLEAR(t->cache);
+    Py_CLEAR(t->indices);
+    Py_CLEAR(t->unchanged);
+}
+
+/* A new reference to the translated value (``value`` itself where nothing changes). */
+static PyObject *translate_value(Translation *t, PyObject *value)
+{
+    PyObject *table = PyLong_CheckExact(value) ? t->indices : t->cache;
+    if (table != NULL) {
+        PyObject *hit = PyDict_GetItemWithError(table, value);     /* borrowed */
+        if (hit != NULL) {
+            hit = hit == t->unchanged ? value : hit;
+            Py_INCREF(hit);
+            return hit;
+        }
+        if (PyErr_Occurred())
+            PyErr_Clear();            /* unhashable: the translator decides, as on a miss */
+    }
+    return PyObject_CallOneArg(t->translate, value);
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Rewriter                                                                              */
+/* ------------------------------------------------------------------------------------ */
+
+typedef struct {
+    Py_ssize_t position;      /* among the positionals, or -1: keyword only */
+    PyObject *keyword;        /* interned */
+    PyTypeObject *classes[MAX_CLASSES];   /* a positional of another class is another argument */
+    int nclasses;             /* -1: any class */
+    Translation translation;
+} Slot;
+
+#define MAX_SLOTS 4
+#define SMALL_STACK 16
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *original;
+    int nslots;
+    Slot slots[MAX_SLOTS];
+    PyObject *dict;
+    vectorcallfunc vectorcall;
+} RewriterObject;
+
+static int keyword_matches(PyObject *name, PyObject *keyword)
+{
+    if (name == keyword)
+        return 1;
+    if (PyUnicode_CHECK_INTERNED(name))
+        return 0;                 /* two interned strings are equal only if identical */
+    return PyUnicode_Compare(name, keyword) == 0;
+}
+
+static int class_allowed(Slot *slot, PyObject *value)
+{
+    int i;
+    if (slot->nclasses < 0)
+        return 1;
+    for (i = 0; i < slot->nclasses; i++)
+        if (Py_TYPE(value) == slot->classes[i])
+            return 1;
+    return 0;
+}
+
+static PyObject *Rewriter_vectorcall(RewriterObject *self, PyObject *const *args,
+                                     size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    Py_ssize_t total = nargs + nkw, i;
+    PyObject *small[SMALL_STACK + 1], **stack = NULL, *owned[MAX_SLOTS], *result;
+    int nowned = 0, s;
+
+    for (s = 0; s < self->nslots; s++) {
+        Slot *slot = &self->slots[s];
+        Py_ssize_t where = -1;
+        PyObject *value, *translated;
+        if (slot->position >= 0 && nargs > slot->position) {
+            if (!class_allowed(slot, args[slot->position]))
+                continue;
+            where = slot->position;
+        } else if (nkw) {
+            for (i = 0; i < nkw; i++)
+                if (keyword_matches(PyTuple_GET_ITEM(kwnames, i), slot->keyword)) {
+                    where = nargs + i;
+                    break;
+                }
+        }
+        if (where < 0)
+            continue;
+        value = stack != NULL ? stack[where] : args[where];
+        if (value == Py_None)
+            continue;
+        translated = translate_value(&slot->translation, value);
+        if (translated == NULL)
+            goto error;
+        if (translated == value) {
+            Py_DECREF(translated);
+            continue;
+        }
+        if (stack == NULL) {
+            /* One slot in front, so the callee may use it (PY_VECTORCALL_ARGUMENTS_OFFSET). */
+            stack = total < SMALL_STACK ? small : PyMem_Malloc((total + 1) * sizeof(PyObject *));
+            if (stack == NULL) {
+                Py_DECREF(translated);
+                PyErr_NoMemory();
+                goto error;
+            }
+            stack++;
+            memcpy(stack, args, total * sizeof(PyObject *));
+        }
+        stack[where] = owned[nowned++] = translated;
+    }
+    if (stack == NULL)
+        return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+    result = PyObject_Vectorcall(self->original, stack, nargs | PY_VECTORCALL_ARGUMENTS_OFFSET, kwnames);
+    goto done;
+error:
+    result = NULL;
+done:
+    while (nowned)
+        Py_DECREF(owned[--nowned]);
+    if (stack != NULL && stack - 1 != small)
+        PyMem_Free(stack - 1);
+    return result;
+}
+
+static int slot_init(Slot *slot, PyObject *spec)
+{
+    PyObject *position, *keyword, *translate, *classes, *cache, *indices, *unchanged;
+    if (!PyArg_ParseTuple(spec, "OUOOOOO:Rewriter slot", &position, &keyword, &classes,
+                          &translate, &cache, &indices, &unchanged))
+        return 0;
+    if (position == Py_None) {
+        slot->position = -1;
+    } else {
+        slot->position = PyLong_AsSsize_t(position);
+        if (slot->position < 0) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "a slot's position must be >= 0 or None");
+            return 0;
+        }
+    }
+    Py_INCREF(keyword);
+    PyUnicode_InternInPlace(&keyword);
+    slot->keyword = keyword;
+    slot->nclasses = -1;
+    if (classes != Py_None) {
+        PyObject *iterator = PyObject_GetIter(classes), *item;
+        if (iterator == NULL)
+            return 0;
+        slot->nclasses = 0;
+        while ((item = PyIter_Next(iterator)) != NULL) {
+            if (!PyType_Check(item) || slot->nclasses == MAX_CLASSES) {
+                Py_DECREF(item);
+                Py_DECREF(iterator);
+                PyErr_SetString(PyExc_TypeError, "a slot's classes must be at most 8 types");
+                return 0;
+            }
+            slot->classes[slot->nclasses++] = (PyTypeObject *)item;    /* kept alive below */
+            Py_DECREF(item);
+        }
+        Py_DECREF(iterator);
+        if (PyErr_Occurred())
+            return 0;
+        for (int i = 0; i < slot->nclasses; i++)
+            Py_INCREF(slot->classes[i]);
+    }
+    return translation_init(&slot->translation, translate, cache, indices, unchanged);
+}
+
+static void slot_clear(Slot *slot)
+{
+    int i;
+    Py_CLEAR(slot->keyword);
+    for (i = 0; i < slot->nclasses; i++)
+        Py_CLEAR(slot->classes[i]);
+    slot->nclasses = -1;
+    translation_clear(&slot->translation);
+}
+
+static PyObject *Rewriter_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *keywords[] = {"original", "slots", NULL};
+    PyObject *original, *slots;
+    RewriterObject *self;
+    Py_ssize_t n, i;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!:Rewriter", keywords, &original,
+                                     &PyTuple_Type, &slots))
+        return NULL;
+    n = PyTuple_GET_SIZE(slots);
+    if (n < 1 || n > MAX_SLOTS) {
+        PyErr_Format(PyExc_ValueError, "Rewriter takes 1 to %d slots, got %zd", MAX_SLOTS, n);
+        return NULL;
+    }
+    self = (RewriterObject *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    Py_INCREF(original);
+    self->original = original;
+    self->vectorcall = (vectorcallfunc)Rewriter_vectorcall;
+    for (i = 0; i < n; i++) {
+        self->slots[i].nclasses = -1;
+        self->nslots = (int)i + 1;
+        if (!slot_init(&self->slots[i], PyTuple_GET_ITEM(slots, i))) {
+            Py_DECREF(self);
+            return NULL;
+        }
+    }
+    return (PyObject *)self;
+}
+
+static int Rewriter_traverse(RewriterObject *self, visitproc visit, void *arg)
+{
+    int s, i;
+    Py_VISIT(self->original);
+    Py_VISIT(self->dict);
+    for (s = 0; s < self->nslots; s++) {
+        for (i = 0; i < self->slots[s].nclasses; i++)
+            Py_VISIT(self->slots[s].classes[i]);
+        translation_traverse(&self->slots[s].translation, visit, arg);
+    }
+    return 0;
+}
+
+static int Rewriter_clear(RewriterObject *self)
+{
+    int s;
+    Py_CLEAR(self->original);
+    Py_CLEAR(self->dict);
+    for (s = 0; s < self->nslots; s++)
+        slot_clear(&self->slots[s]);
+    self->nslots = 0;
+    return 0;
+}
+
+static void Rewriter_dealloc(RewriterObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    Rewriter_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Methods bind as Python functions do (``Tensor.to`` patched with one of these). */
+static PyObject *bind_as_method(PyObject *self, PyObject *obj, PyObject *type)
+{
+    if (obj == NULL || obj == Py_None) {
+        Py_INCREF(self);
+        return self;
+    }
+    return PyMethod_New(self, obj);
+}
+
+static PyObject *wrapper_repr(PyObject *self)
+{
+    PyObject *dict = *(PyObject **)((char *)self + Py_TYPE(self)->tp_dictoffset);
+    PyObject *name = dict != NULL ? PyDict_GetItemString(dict, "__qualname__") : NULL;
+    if (name != NULL)
+        return PyUnicode_FromFormat("<%s %U (compiled)>", Py_TYPE(self)->tp_name, name);
+    return PyUnicode_FromFormat("<%s object at %p>", Py_TYPE(self)->tp_name, self);
+}
+
+static PyMemberDef Rewriter_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(RewriterObject, vectorcall), READONLY},
+    {"__dictoffset__", T_PYSSIZET, offsetof(RewriterObject, dict), READONLY},
+    {"original", T_OBJECT, offsetof(RewriterObject, original), READONLY},
+    {NULL}
+};
+
+static PyGetSetDef wrapper_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict},
+    {NULL}
+};
+
+static PyTypeObject RewriterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "cudashim._speedups.Rewriter",
+    .tp_basicsize = sizeof(RewriterObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+                Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_doc = "Rewriter(original, slots): original with its device arguments translated; each slot is\n"
+             "(position or None, keyword, classes or None, translate, cache, indices, unchanged)",
+    .tp_new = Rewriter_new,
+    .tp_traverse = (traverseproc)Rewriter_traverse,
+    .tp_clear = (inquiry)Rewriter_clear,
+    .tp_dealloc = (destructor)Rewriter_dealloc,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(RewriterObject, vectorcall),
+    .tp_descr_get = bind_as_method,
+    .tp_dictoffset = offsetof(RewriterObject, dict),
+    .tp_getattro = PyObject_GenericGetAttr,
+    .tp_setattro = PyObject_GenericSetAttr,
+    .tp_members = Rewriter_members,
+    .tp_getset = wrapper_getset,
+    .tp_repr = wrapper_repr,
+};
+
+/* ------------------------------------------------------------------------------------ */
+/* TruthSwitch                                                                           */
+/* ------------------------------------------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *cache, *real, *ours, *dict;
+    vectorcallfunc vectorcall;
+} TruthSwitchObject;
+
+static PyObject *TruthSwitch_vectorcall(TruthSwitchObject *self, PyObject *const *args,
+                                        size_t nargsf, PyObject *kwnames)
+{
+    int honest = current_caller_honest(self->cache);
+    if (honest < 0)
+        return NULL;
+    return PyObject_Vectorcall(honest ? self->real : self->ours, args, nargsf, kwnames);
+}
+
+static PyObject *TruthSwitch_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *keywords[] = {"cache", "real", "ours", NULL};
+    PyObject *cache, *real, *ours;
+    TruthSwitchObject *self;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO:TruthSwitch", keywords, &cache, &real, &ours))
+        return NULL;
+    if (!check_cache(cache))
+        return NULL;
+    self = (TruthSwitchObject *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    Py_INCREF(cache);
+    Py_INCREF(real);
+    Py_INCREF(ours);
+    self->cache = cache;
+    self->real = real;
+    self->ours = ours;
+    self->vectorcall = (vectorcallfunc)TruthSwitch_vectorcall;
+    return (PyObject *)self;
+}
+
+static int TruthSwitch_traverse(TruthSwitchObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->cache);
+    Py_VISIT(self->real);
+    Py_VISIT(self->ours);
+    Py_VISIT(self->dict);
+    return 0;
+}
+
+static int TruthSwitch_clear(TruthSwitchObject *self)
+{
+    Py_CLEAR(self->cache);
+    Py_CLEAR(self->real);
+    Py_CLEAR(self->ours);
+    Py_CLEAR(self->dict);
+    return 0;
+}
+
+static void TruthSwitch_dealloc(TruthSwitchObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    TruthSwitch_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef TruthSwitch_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(TruthSwitchObject, vectorcall), READONLY},
+    {"__dictoffset__", T_PYSSIZET, offsetof(TruthSwitchObject, dict), READONLY},
+    {"real", T_OBJECT, offsetof(TruthSwitchObject, real), READONLY},
+    {"ours", T_OBJECT, offsetof(TruthSwitchObject, ours), READONLY},
+    {NULL}
+};
+
+static PyTypeObject TruthSwitchType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "cudashim._speedups.TruthSwitch",
+    .tp_basicsize = sizeof(TruthSwitchObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "TruthSwitch(cache, real, ours): real for callers that hear the truth, ours otherwise",
+    .tp_new = TruthSwitch_new,
+    .tp_traverse = (traverseproc)TruthSwitch_traverse,
+    .tp_clear = (inquiry)TruthSwitch_clear,
+    .tp_dealloc = (destructor)TruthSwitch_dealloc,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(TruthSwitchObject, vectorcall),
+    .tp_dictoffset = offsetof(TruthSwitchObject, dict),
+    .tp_getattro = PyObject_GenericGetAttr,
+    .tp_setattro = PyObject_GenericSetAttr,
+    .tp_members = TruthSwitch_members,
+    .tp_getset = wrapper_getset,
+    .tp_repr = wrapper_repr,
+};
+
+/* ------------------------------------------------------------------------------------ */
+/* IsCuda                                                                                */
+/* ------------------------------------------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *cache;
+    PyObject *real;           /* TensorBase.is_cuda, a getset descriptor */
+    PyObject *on_target;      /* TensorBase.is_<target type> (a descriptor), or a callable */
+    int on_target_is_descriptor;
+    PyObject *doc;
+} IsCudaObject;
+
+static PyObject *descriptor_get(PyObject *descriptor, PyObject *obj)
+{
+    return Py_TYPE(descriptor)->tp_descr_get(descriptor, obj, (PyObject *)Py_TYPE(obj));
+}
+
+static PyObject *IsCuda_get(IsCudaObject *self, PyObject *obj, PyObject *type)
+{
+    int honest;
+    PyObject *on;
+    if (obj == NULL || obj == Py_None) {
+        Py_INCREF(self);
+        return (PyObject *)self;
+    }
+    honest = current_caller_honest(self->cache);
+    if (honest < 0)
+        return NULL;
+    if (honest)
+        return descriptor_get(self->real, obj);
+    on = self->on_target_is_descriptor ? descriptor_get(self->on_target, obj)
+                                       : PyObject_CallOneArg(self->on_target, obj);
+    if (on == NULL)
+        return NULL;
+    if (on == Py_True)
+        return on;
+    Py_DECREF(on);
+    return descriptor_get(self->real, obj);
+}
+
+static int IsCuda_set(IsCudaObject *self, PyObject *obj, PyObject *value)
+{
+    PyErr_Format(PyExc_AttributeError, "property 'is_cuda' of '%.100s' object has no setter",
+                 Py_TYPE(obj)->tp_name);
+    return -1;
+}
+
+static PyObject *IsCuda_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *keywords[] = {"cache", "real", "on_target", "doc", NULL};
+    PyObject *cache, *real, *on_target, *doc = Py_None;
+    IsCudaObject *self;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|O:IsCuda", keywords, &cache, &real,
+                                     &on_target, &doc))
+        return NULL;
+    if (!check_cache(cache))
+        return NULL;
+    if (Py_TYPE(real)->tp_descr_get == NULL) {
+        PyErr_SetString(PyExc_TypeError, "IsCuda: real must be a descriptor");
+        return NULL;
+    }
+    self = (IsCudaObject *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    Py_INCREF(cache);
+    Py_INCREF(real);
+    Py_INCREF(on_target);
+    Py_INCREF(doc);
+    self->cache = cache;
+    self->real = real;
+    self->on_target = on_target;
+    /* A getset descriptor such as TensorBase.is_cpu: read it in C, no call. */
+    self->on_target_is_descriptor = Py_TYPE(on_target)->tp_descr_get != NULL &&
+                                    Py_TYPE(on_target) == Py_TYPE(real);
+    self->doc = doc;
+    return (PyObject *)self;
+}
+
+static int IsCuda_traverse(IsCudaObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->cache);
+    Py_VISIT(self->real);
+    Py_VISIT(self->on_target);
+    Py_VISIT(self->doc);
+    return 0;
+}
+
+static int IsCuda_clear(IsCudaObject *self)
+{
+    Py_CLEAR(self->cache);
+    Py_CLEAR(self->real);
+    Py_CLEAR(self->on_target);
+    Py_CLEAR(self->doc);
+    return 0;
+}
+
+static void IsCuda_dealloc(IsCudaObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    IsCuda_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef IsCuda_members[] = {
+    {"__doc__", T_OBJECT, offsetof(IsCudaObject, doc), READONLY},
+    {NULL}
+};
+
+static PyTypeObject IsCudaType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "cudashim._speedups.IsCuda",
+    .tp_basicsize = sizeof(IsCudaObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = IsCuda_new,
+    .tp_traverse = (traverseproc)IsCuda_traverse,
+    .tp_clear = (inquiry)IsCuda_clear,
+    .tp_dealloc = (destructor)IsCuda_dealloc,
+    .tp_descr_get = (descrgetfunc)IsCuda_get,
+    .tp_descr_set = (descrsetfunc)IsCuda_set,
+    .tp_members = IsCuda_members,
+};
+
+/* ------------------------------------------------------------------------------------ */
+/* DefaultDevice                                                                         */
+/* ------------------------------------------------------------------------------------ */
+
+/* ``method(self, device=None, ...)``: the common calls (``t.cuda()``, ``t.cuda(1)``) go
+ * straight to ``move(self, translated device)``; any other call shape to ``fallback``,
+ * the Python method it stands for. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *move, *fallback, *missing, *dict;
+    PyObject *host, *host_move;   /* to this device: host_move(self), the same move, cheaper */
+    Translation translation;
+    vectorcallfunc vectorcall;
+} DefaultDeviceObject;
+
+static PyObject *DefaultDevice_vectorcall(DefaultDeviceObject *self, PyObject *const *args,
+                                          size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *device, *target, *stack[2], *result;
+    if (kwnames != NULL || nargs < 1 || nargs > 2)
+        return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+    device = nargs == 2 && args[1] != Py_None ? args[1] : self->missing;
+    target = translate_value(&self->translation, device);
+    if (target == NULL)
+        return NULL;
+    if (target == self->host && self->host_move != NULL) {
+        Py_DECREF(target);
+        return PyObject_Vectorcall(self->host_move, args, 1, NULL);
+    }
+    stack[0] = args[0];
+    stack[1] = target;
+    result = PyObject_Vectorcall(self->move, stack, 2, NULL);
+    Py_DECREF(target);
+    return result;
+}
+
+static PyObject *DefaultDevice_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *keywords[] = {"move", "fallback", "missing", "translate", "cache", "indices",
+                               "unchanged", "host", "host_move", NULL};
+    PyObject *move, *fallback, *missing, *translate, *cache, *indices, *unchanged;
+    PyObject *host = NULL, *host_move = NULL;
+    DefaultDeviceObject *self;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOO|OO:DefaultDevice", keywords, &move,
+                                     &fallback, &missing, &translate, &cache, &indices, &unchanged,
+                                     &host, &host_move))
+        return NULL;
+    self = (DefaultDeviceObject *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    Py_INCREF(move);
+    Py_INCREF(fallback);
+    Py_INCREF(missing);
+    self->move = move;
+    self->fallback = fallback;
+    self->missing = missing;
+    if (host != NULL && host != Py_None && host_move != NULL && host_move != Py_None) {
+        Py_INCREF(host);
+        Py_INCREF(host_move);
+        self->host = host;
+        self->host_move = host_move;
+    }
+    self->vectorcall = (vectorcallfunc)DefaultDevice_vectorcall;
+    if (!translation_init(&self->translation, translate, cache, indices, unchanged)) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+static int DefaultDevice_traverse(DefaultDeviceObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->move);
+    Py_VISIT(self->fallback);
+    Py_VISIT(self->missing);
+    Py_VISIT(self->host);
+    Py_VISIT(self->host_move);
+    Py_VISIT(self->dict);
+    return translation_traverse(&self->translation, visit, arg);
+}
+
+static int DefaultDevice_clear(DefaultDeviceObject *self)
+{
+    Py_CLEAR(self->move);
+    Py_CLEAR(self->fallback);
+    Py_CLEAR(self->missing);
+    Py_CLEAR(self->host);
+    Py_CLEAR(self->host_move);
+    Py_CLEAR(self->dict);
+    translation_clear(&self->translation);
+    return 0;
+}
+
+static void DefaultDevice_dealloc(DefaultDeviceObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    DefaultDevice_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef DefaultDevice_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(DefaultDeviceObject, vectorcall), READONLY},
+    {"__dictoffset__", T_PYSSIZET, offsetof(DefaultDeviceObject, dict), READONLY},
+    {NULL}
+};
+
+static PyTypeObject DefaultDeviceType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "cudashim._speedups.DefaultDevice",
+    .tp_basicsize = sizeof(DefaultDeviceObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+                Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_doc = "DefaultDevice(move, fallback, missing, translate, cache, indices, unchanged, "
+              "host=None, host_move=None)",
+    .tp_new = DefaultDevice_new,
+    .tp_traverse = (traverseproc)DefaultDevice_traverse,
+    .tp_clear = (inquiry)DefaultDevice_clear,
+    .tp_dealloc = (destructor)DefaultDevice_dealloc,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(DefaultDeviceObject, vectorcall),
+    .tp_descr_get = bind_as_method,
+    .tp_dictoffset = offsetof(DefaultDeviceObject, dict),
+    .tp_getattro = PyObject_GenericGetAttr,
+    .tp_setattro = PyObject_GenericSetAttr,
+    .tp_members = DefaultDevice_members,
+    .tp_getset = wrapper_getset,
+    .tp_repr = wrapper_repr,
+};
+
+/* ------------------------------------------------------------------------------------ */
+/* NamedDevice                                                                           */
+/* ------------------------------------------------------------------------------------ */
+
+/* A metaclass ``__call__``: (cls, spec) with a string spec seen before is one dict lookup;
+ * every other call goes to ``construct`` without ``cls``. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *named, *construct, *dict;
+    vectorcallfunc vectorcall;
+} NamedDeviceObject;
+
+static PyObject *NamedDevice_vectorcall(NamedDeviceObject *self, PyObject *const *args,
+                                        size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs == 2 && kwnames == NULL && PyUnicode_CheckExact(args[1])) {
+        PyObject *hit = PyDict_GetItemWithError(self->named, args[1]);
+        if (hit != NULL) {
+            Py_INCREF(hit);
+            return hit;
+        }
+        if (PyErr_Occurred())
+            return NULL;
+    }
+    if (nargs < 1) {
+        PyErr_SetString(PyExc_TypeError, "NamedDevice: called without the class");
+        return NULL;
+    }
+    return PyObject_Vectorcall(self->construct, args + 1, nargs - 1, kwnames);
+}
+
+static PyObject *NamedDevice_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *keywords[] = {"named", "construct", NULL};
+    PyObject *named, *construct;
+    NamedDeviceObject *self;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O:NamedDevice", keywords, &PyDict_Type,
+                                     &named, &construct))
+        return NULL;
+    self = (NamedDeviceObject *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    Py_INCREF(named);
+    Py_INCREF(construct);
+    self->named = named;
+    self->construct = construct;
+    self->vectorcall = (vectorcallfunc)NamedDevice_vectorcall;
+    return (PyObject *)self;
+}
+
+static int NamedDevice_traverse(NamedDeviceObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->named);
+    Py_VISIT(self->construct);
+    Py_VISIT(self->dict);
+    return 0;
+}
+
+static int NamedDevice_clear(NamedDeviceObject *self)
+{
+    Py_CLEAR(self->named);
+    Py_CLEAR(self->construct);
+    Py_CLEAR(self->dict);
+    return 0;
+}
+
+static void NamedDevice_dealloc(NamedDeviceObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    NamedDevice_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef NamedDevice_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(NamedDeviceObject, vectorcall), READONLY},
+    {"__dictoffset__", T_PYSSIZET, offsetof(NamedDeviceObject, dict), READONLY},
+    {NULL}
+};
+
+static PyTypeObject NamedDeviceType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "cudashim._speedups.NamedDevice",
+    .tp_basicsize = sizeof(NamedDeviceObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+                Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_doc = "NamedDevice(named, construct): a metaclass __call__ answering cached device names",
+    .tp_new = NamedDevice_new,
+    .tp_traverse = (traverseproc)NamedDevice_traverse,
+    .tp_clear = (inquiry)NamedDevice_clear,
+    .tp_dealloc = (destructor)NamedDevice_dealloc,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(NamedDeviceObject, vectorcall),
+    .tp_descr_get = bind_as_method,
+    .tp_dictoffset = offsetof(NamedDeviceObject, dict),
+    .tp_getattro = PyObject_GenericGetAttr,
+    .tp_setattro = PyObject_GenericSetAttr,
+    .tp_members = NamedDevice_members,
+    .tp_getset = wrapper_getset,
+    .tp_repr = wrapper_repr,
+};
+
+/* ------------------------------------------------------------------------------------ */
+
+static struct PyModuleDef speedups_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "cudashim._speedups",
+    .m_doc = "The compiled fast path for cudashim's hot wrappers (see cudashim/speedups.py).",
+    .m_size = -1,
+};
+
+PyMODINIT_FUNC PyInit__speedups(void)
+{
+    PyTypeObject *types[] = {&CallerCacheType, &RewriterType, &TruthSwitchType, &IsCudaType,
+                             &DefaultDeviceType, &NamedDeviceType};
+    PyObject *module = PyModule_Create(&speedups_module);
+    size_t i;
+    if (module == NULL)
+        return NULL;
+    for (i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+        const char *name = strrchr(types[i]->tp_name, '.') + 1;
+        if (PyType_Ready(types[i]) < 0)
+            goto error;
+        Py_INCREF(types[i]);                 /* PyModule_AddObject steals one on success */
+        if (PyModule_AddObject(module, name, (PyObject *)types[i]) < 0) {
+            Py_DECREF(types[i]);
+            goto error;
+        }
+    }
+    return module;
+error:
+    Py_DECREF(module);
+    return NULL;
+}

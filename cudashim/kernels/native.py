@@ -1,0 +1,139 @@
+"""The compiled host-memory kernels (``cudashim.kernels._native``), where they run.
+
+Built by ``pip install`` with the package where a C compiler exists. Used for contiguous
+CPU tensors only; everything else takes the portable torch versions in bits.py, which give
+the same bits. The pure_python setting (``CUDASHIM_PURE_PYTHON=1``) turns them off too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Optional
+
+import torch
+
+from . import bits
+
+try:
+    from . import _native
+except ImportError:                      # built without a compiler
+    _native = None
+
+
+def unavailable() -> Optional[str]:
+    """None where the compiled kernels run, else why not."""
+    from .._settings import load
+    if _native is None:
+        return "the compiled kernels were not built (no C compiler at install time)"
+    if sys.byteorder != "little":
+        return "the compiled kernels read words little-endian; this host is big-endian"
+    if load().pure_python:
+        return "the pure_python setting asks for the portable kernels"
+    return None
+
+
+_usable: Optional[bool] = None          # asked once: the setting is read at first use
+
+
+def usable() -> bool:
+    global _usable
+    if _usable is None:
+        _usable = unavailable() is None
+    return _usable
+
+
+@contextlib.contextmanager
+def portable_only():
+    """Run the portable torch versions inside (benchmarks compare the two in one run)."""
+    global _usable
+    saved, _usable = usable(), False
+    try:
+        yield
+    finally:
+        _usable = saved
+
+
+def empty(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """A fresh host tensor, advised onto huge pages before its first touch."""
+    out = torch.empty(numel, dtype=dtype)
+    if out.numel():
+        _native.advise_huge(out.data_ptr(), out.numel() * out.element_size())
+    return out
+
+
+def _host_bytes(x: torch.Tensor) -> torch.Tensor:
+    """``x`` flattened, as contiguous 0/1 bytes (a bool tensor holds nothing else)."""
+    flat = x.reshape(-1)
+    if flat.dtype != torch.bool:
+        flat = flat != 0
+    return flat.contiguous()
+
+
+def packbits(x: torch.Tensor, bitorder: str = "big") -> torch.Tensor:
+    bits._check_bitorder(bitorder)
+    if x.dtype.is_floating_point or x.dtype.is_complex:
+        raise TypeError("Expected an input array of integer or boolean data type")
+    return _pack(_host_bytes(x), bitorder)
+
+
+def _pack(flat: torch.Tensor, bitorder: str) -> torch.Tensor:
+    n = flat.numel()
+    whole = n // 8
+    out = empty((n + 7) // 8, torch.uint8)
+    if whole:
+        _native.pack_bytes(flat.data_ptr(), whole, out.data_ptr(), bitorder == "little")
+    if whole * 8 != n:                             # the last, partial byte
+        out[whole:] = bits.packbits(flat[whole * 8:], bitorder)
+    return out
+
+
+def unpackbits(packed: torch.Tensor, count: Optional[int] = None, bitorder: str = "big") -> torch.Tensor:
+    bits._check_bitorder(bitorder)
+    if packed.dtype != torch.uint8:
+        raise TypeError("Expected an input array of unsigned byte data type")
+    flat = packed.reshape(-1).contiguous()
+    out = empty(flat.numel() * 8, torch.uint8)
+    if flat.numel():
+        _native.unpack_bytes(flat.data_ptr(), flat.numel(), out.data_ptr(), bitorder == "little")
+    return bits.apply_count(out, count)
+
+
+def pack_signs(x: torch.Tensor) -> torch.Tensor:
+    if not x.dtype.is_floating_point:
+        raise TypeError(f"pack_signs expects a floating-point tensor, got {x.dtype}")
+    flat = x.reshape(-1)
+    if flat.dtype != torch.float32 or flat.numel() % 8:
+        return _pack((flat >= 0).contiguous(), "big")
+    flat = flat.contiguous()
+    out = empty(flat.numel() // 8, torch.uint8)
+    _native.pack_signs_f32(flat.data_ptr(), flat.numel(), out.data_ptr())
+    return out
+
+
+def unpack_signs(packed: torch.Tensor, count: Optional[int] = None,
+                 dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    if packed.dtype != torch.uint8 or dtype != torch.float32:
+        return bits.unpack_signs(packed, count, dtype)
+    flat = packed.reshape(-1).contiguous()
+    out = empty(flat.numel() * 8, torch.float32)
+    if flat.numel():
+        signs_into(flat, torch.ones(1), out, rows=1)
+    return bits.apply_count(out, count)
+
+
+def signs_into(packed: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, rows: int,
+               accumulate: bool = False) -> None:
+    """Row r of ``packed`` (contiguous uint8) as +scales[r] / -scales[r] into ``out``
+    (contiguous float32): rows x columns of them, or summed over the rows."""
+    columns = packed.numel() * 8 // rows
+    scales = scales.reshape(-1).to(torch.float32).contiguous()
+    _native.signs_f32(packed.data_ptr(), rows, columns, scales.data_ptr(), out.data_ptr(),
+                      int(accumulate))
+
+
+def compress(x: torch.Tensor, error: torch.Tensor):
+    """compressed.py's ``_compress`` for contiguous float32 CPU tensors, in two passes."""
+    packed = empty(x.numel() // 8, torch.uint8)
+    scale = _native.compress_f32(x.data_ptr(), x.numel(), error.data_ptr(), packed.data_ptr())
+    return torch.tensor(scale, dtype=torch.float32), packed

@@ -1,0 +1,42 @@
+"""Which implementation of the hot wrappers runs: compiled or pure Python.
+
+``cudashim._speedups`` (C, built by ``pip install`` where a compiler exists) holds twins of
+the wrappers every call goes through: the device-argument rewriter, the caller check behind
+``Tensor.is_cuda`` and the ``torch.cuda`` functions, ``Tensor.cuda`` and ``torch.device``.
+Each behaves as its Python original; the pure_python setting (``--pure-python``,
+``CUDASHIM_PURE_PYTHON=1``) runs the Python ones even where the compiled ones were built,
+and they run anyway where the build found no compiler.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+try:
+    from . import _speedups as _compiled
+except ImportError:                      # built without a compiler: the Python fallback runs
+    _compiled = None
+
+
+def built() -> bool:
+    """Whether the compiled fast path was built for this interpreter."""
+    return _compiled is not None
+
+
+def chosen(settings):
+    """The compiled module when it is built and the settings allow it, else None."""
+    return None if settings.pure_python else _compiled
+
+
+def describe(settings) -> str:
+    """One line for doctor and the report."""
+    if settings.pure_python:
+        return "pure Python (the pure_python setting asks for it)"
+    if _compiled is None:
+        return "pure Python (the compiled fast path was not built: no C compiler at install time)"
+    return "compiled (cudashim._speedups)"
+
+
+def implementation(activation) -> Optional[object]:
+    """The compiled module for this activation, or None."""
+    return chosen(activation.settings)

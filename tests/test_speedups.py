@@ -1,0 +1,247 @@
+"""The compiled fast paths behave as the pure-Python ones they stand in for.
+
+Each hot wrapper (the device-argument rewriter, Tensor.cuda, Tensor.is_cuda, the torch.cuda
+functions answered by who asks, torch.device) and each host kernel is run both ways on the
+same inputs, errors included; the whole suite runs a second time with ``--pure-python``
+(tox.ini), so every other test covers both too.
+"""
+
+import os
+import sys
+import zipfile
+
+import pytest
+import torch
+
+import cudashim
+from cudashim import speedups
+from cudashim.kernels import bits, native
+
+from conftest import ROOT, python
+
+needs_compiled = pytest.mark.skipif(not speedups.built() or native._native is None,
+                                    reason="the compiled fast paths were not built here")
+
+# (what, a call) pairs: values, odd values and bad values, as programs pass them.
+CALLS = [
+    ("to cuda", lambda t: t.to("cuda")),
+    ("to cuda:0", lambda t: t.to("cuda:0")),
+    ("to 0", lambda t: t.to(0)),
+    ("to device", lambda t: t.to(torch.device("cuda", 0))),
+    ("to dtype", lambda t: t.to(torch.float16)),
+    ("to device= keyword", lambda t: t.to(device="cuda", dtype=torch.float64)),
+    ("to cpu", lambda t: t.to("cpu")),
+    ("to bad index", lambda t: t.to("cuda:7")),
+    ("to negative", lambda t: t.to(-1)),
+    ("to malformed", lambda t: t.to("cuda:x")),
+    ("to True", lambda t: t.to(True)),
+    ("zeros cuda", lambda t: torch.zeros(2, device="cuda")),
+    ("zeros 0", lambda t: torch.zeros(2, device=0)),
+    ("zeros None", lambda t: torch.zeros(2, device=None)),
+    ("zeros unhashable", lambda t: torch.zeros(2, device=["cuda"])),
+    ("zeros bad", lambda t: torch.zeros(2, device="cuda:3")),
+    ("empty pinned", lambda t: torch.empty(2, device="cuda", pin_memory=True).fill_(1)),
+    ("new_zeros", lambda t: t.new_zeros(3, device="cuda")),
+    ("cuda()", lambda t: t.cuda()),
+    ("cuda(0)", lambda t: t.cuda(0)),
+    ("cuda(device=)", lambda t: t.cuda(device="cuda:0", non_blocking=True)),
+    ("cuda(9)", lambda t: t.cuda(9)),
+    ("cuda(None)", lambda t: t.cuda(None)),
+    ("is_cuda", lambda t: t.is_cuda),
+    ("device cuda", lambda t: torch.device("cuda")),
+    ("device cuda, 0", lambda t: torch.device("cuda", 0)),
+    ("device 0", lambda t: torch.device(0)),
+    ("device type=", lambda t: torch.device(type="cuda", index=0)),
+    ("device bad", lambda t: torch.device("gpu")),
+    ("current_device", lambda t: torch.cuda.current_device()),
+    ("device_count", lambda t: torch.cuda.device_count()),
+    ("is_available", lambda t: torch.cuda.is_available()),
+    ("set_device, then current", lambda t: (torch.cuda.set_device(0), torch.cuda.current_device())),
+    ("get_device_name", lambda t: torch.cuda.get_device_name(0)),
+]
+
+
+def outcome(call, tensor):
+    try:
+        value = call(tensor)
+    except Exception as exc:               # the error is part of the behaviour
+        return ("raised", type(exc).__name__, str(exc))
+    if isinstance(value, torch.Tensor):
+        return ("tensor", str(value.device), str(value.dtype), value.tolist(), value is tensor)
+    return ("value", repr(value))
+
+
+def outcomes(**options):
+    cudashim.activate("cpu", **options)
+    try:
+        tensor = torch.arange(3.0)
+        return {name: outcome(call, tensor) for name, call in CALLS}
+    finally:
+        cudashim.deactivate()
+
+
+@needs_compiled
+def test_compiled_wrappers_are_the_ones_that_run(shim):
+    from cudashim import activation
+    assert activation._current.compiled is speedups._compiled
+    assert type(torch.Tensor.to).__name__ == "Rewriter"
+    assert type(torch.zeros).__name__ == "Rewriter"
+    assert type(torch.cuda.is_available).__name__ == "TruthSwitch"
+    assert type(vars(torch.Tensor)["is_cuda"]).__name__ == "IsCuda"
+    assert torch.Tensor.to.python_twin.__wrapped__ is torch._C.TensorBase.to
+
+
+@needs_compiled
+def test_compiled_and_pure_python_wrappers_agree_on_every_call():
+    compiled, pure = outcomes(), outcomes(pure_python=True)
+    assert compiled == pure
+    # and the table is not trivially equal: translations, refusals and passes-through differ
+    assert compiled["to cuda"][0] == "tensor" and compiled["to bad index"][0] == "raised"
+    assert "invalid device ordinal" in compiled["cuda(9)"][2]
+
+
+def test_pure_python_setting_runs_the_python_wrappers():
+    cudashim.activate("cpu", pure_python=True)
+    from cudashim import activation
+    assert activation._current.compiled is None
+    assert type(torch.Tensor.to).__name__ == "function"
+    assert type(vars(torch.Tensor)["is_cuda"]) is property
+    assert "pure Python" in speedups.describe(activation._current.settings)
+
+
+@pytest.mark.parametrize("pure_python", [False, True])
+def test_torch_internals_hear_the_truth_through_either_wrapper(pure_python):
+    cudashim.activate("cpu", pure_python=pure_python)
+    t = torch.ones(2)
+    as_torch = {"__name__": "torch._probe", "torch": torch, "t": t}
+    as_program = {"__name__": "train", "torch": torch, "t": t}
+    question = "answers = (t.is_cuda, torch.cuda.is_available(), torch.cuda.device_count())"
+    exec(question, as_torch)
+    exec(question, as_program)
+    assert as_program["answers"] == (True, True, 1)
+    assert as_torch["answers"] == (False, False, 0)
+
+
+@needs_compiled
+def test_changing_who_hears_the_truth_clears_the_compiled_cache():
+    from cudashim import callers
+    cudashim.activate("cpu")
+    code = compile("answer = t.is_cuda", "mylib.py", "exec")
+    namespace = {"__name__": "mylib", "t": torch.ones(1)}
+    exec(code, namespace)
+    assert namespace["answer"] is True
+    callers.configure({"mylib"})
+    exec(code, namespace)
+    assert namespace["answer"] is False
+
+
+@needs_compiled
+def test_a_translated_call_keeps_no_reference_behind():
+    cudashim.activate("cpu")
+    t = torch.ones(2)
+    spec = "cuda:0"
+    t.to(spec)                   # the translator's cache keeps the spec it parsed, once
+    before = sys.getrefcount(spec), sys.getrefcount(t)
+    for _ in range(1000):
+        t.to(spec)
+        torch.zeros(1, device=spec)
+        t.cuda()
+    assert (sys.getrefcount(spec), sys.getrefcount(t)) == before
+
+
+@pytest.mark.parametrize("pure_python", [False, True])
+def test_torch_compile_traces_through_the_wrappers(pure_python):
+    import torch._dynamo
+    cudashim.activate("cpu", pure_python=pure_python)
+
+    def step(x):
+        y = torch.zeros(4, device="cuda") + x.to("cuda")
+        return y * 2 + torch.ones(4, device=torch.device("cuda"))
+
+    x = torch.randn(4)
+    explained = torch._dynamo.explain(step)(x)
+    reasons = " ".join(str(b.reason) for b in explained.break_reasons)
+    assert "Rewriter" not in reasons and "TruthSwitch" not in reasons
+    assert explained.graph_break_count == 0
+    assert torch.equal(torch.compile(step)(x), step(x))
+
+
+# --- kernels -------------------------------------------------------------------------------
+
+@needs_compiled
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 1001, 65536 + 3])
+@pytest.mark.parametrize("bitorder", ["big", "little"])
+def test_compiled_bit_kernels_match_the_portable_ones(n, bitorder):
+    torch.manual_seed(n)
+    flags = torch.rand(n) < 0.5
+    counts = torch.randint(0, 3, (n,), dtype=torch.int32)
+    assert torch.equal(native.packbits(flags, bitorder), bits.packbits(flags, bitorder))
+    assert torch.equal(native.packbits(counts, bitorder), bits.packbits(counts, bitorder))
+    packed = torch.randint(0, 256, (n,), dtype=torch.uint8)
+    for count in (None, 3 * n, -min(n, 5)):
+        assert torch.equal(native.unpackbits(packed, count, bitorder), bits.unpackbits(packed, count, bitorder))
+    floats = torch.randn(n)
+    floats[::5] = 0.0
+    floats[1::7] = -0.0
+    assert torch.equal(native.pack_signs(floats), bits.pack_signs(floats))
+    assert torch.equal(native.unpack_signs(packed, n), bits.unpack_signs(packed, n))
+
+
+@needs_compiled
+def test_compiled_compression_matches_the_portable_one():
+    from cudashim.kernels import compressed
+    torch.manual_seed(0)
+    x = torch.randn(8 * 1000)
+    mine, theirs = torch.empty_like(x), torch.empty_like(x)
+    scale, packed = native.compress(x, mine)
+    with native.portable_only():
+        their_scale, their_packed = compressed._compress(x, theirs)
+    assert torch.equal(packed, their_packed)
+    assert torch.allclose(scale, their_scale, rtol=1e-6)
+    assert torch.allclose(mine, theirs, atol=1e-6)
+    scales = torch.tensor([0.5, 2.0])
+    for summed in (True, False):
+        fast = compressed._signs_times_scales(packed, scales, 2, 4000, summed)
+        with native.portable_only():
+            slow = compressed._signs_times_scales(packed, scales, 2, 4000, summed)
+        assert torch.equal(fast, slow)
+
+
+def test_pure_python_setting_turns_the_compiled_kernels_off():
+    result = python("-c", "from cudashim.kernels import native; print(native.unavailable())",
+                    env={"CUDASHIM_PURE_PYTHON": "1"})
+    assert result.returncode == 0, result.stderr
+    assert "pure_python setting" in result.stdout
+
+
+# --- packaging -----------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_wheel_builds_with_and_without_a_compiler(tmp_path):
+    """With a compiler the wheel carries both extensions; without one (CC points nowhere)
+    it builds all the same, without them, and cudashim runs its pure-Python paths."""
+    import shutil
+    built = {}
+    for name, env in (("with", {}), ("without", {"CC": "/nonexistent/cc"})):
+        source = tmp_path / f"source-{name}"   # the sources alone, as a fresh clone has them
+        shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+            "*.so", ".git", ".tox", "build", "dist", "*.egg-info", "__pycache__", "runs"))
+        out = tmp_path / name
+        result = python("-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                        "-w", str(out), str(source), env=env, timeout=600)
+        assert result.returncode == 0, result.stderr[-2000:]
+        wheel, = out.glob("cudashim-*.whl")
+        built[name] = [n for n in zipfile.ZipFile(wheel).namelist() if n.endswith((".so", ".pyd"))]
+    assert len(built["with"]) == 2, built
+    assert built["without"] == [], built
+
+
+def test_the_sdist_carries_the_c_sources(tmp_path):
+    result = python("-c", "import setuptools.build_meta as b, sys; print(b.build_sdist(sys.argv[1]))",
+                    str(tmp_path), cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    import tarfile
+    names = tarfile.open(tmp_path / result.stdout.strip().splitlines()[-1]).getnames()
+    assert any(n.endswith("cudashim/_speedups.c") for n in names)
+    assert any(n.endswith("cudashim/kernels/_native.c") for n in names)
+    assert os.path.exists(ROOT / "setup.py")
