@@ -100,6 +100,9 @@ def check_contract(backend, device_type):
     assert 0 <= free <= total
     answer("empty_cache")
 
+    natives = answer("native_answers")            # each a C callable equal to its method
+    assert all(native() == getattr(backend, name)() for name, native in natives.items())
+
     dtypes = answer("autocast_dtypes")
     assert dtypes and all(isinstance(d, torch.dtype) for d in dtypes)
     fast, how_known = answer("dtype_speeds")
