@@ -169,9 +169,6 @@ def _install(settings) -> Activation:
     activation = Activation(settings, backend, reason, registry,
                             DeviceTranslator(backend, report), report,
                             PrecisionPolicy.of(backend, settings), speedups.chosen(settings))
-    if activation.compiled is not None and patches.off_reason("compiled", settings) is not None:
-        # torch.compile traces the compiled wrappers only through that group's patch.
-        activation.compiled = None
     callers.configure(settings.honest_for)
     registry.add_undo("who hears the truth", lambda: callers.configure(()))
     try:

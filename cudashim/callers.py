@@ -63,8 +63,8 @@ def configure(honest_for: Iterable[str] = ()) -> None:
     global _honest
     _honest = honest_set(honest_for)
     _BY_CODE.clear()
-    for cache in _COMPILED.values():
-        cache.clear()
+    if _compiled_cache is not None:
+        _compiled_cache.clear()
 
 
 def honest_modules() -> Tuple[str, ...]:
@@ -106,17 +106,17 @@ hears_truth, _BY_CODE = _asking(is_honest_module)
 asked_by_torch, _ = _asking(is_torch_module)
 
 
-# The compiled twins of hears_truth's cache, one per compiled module (speedups.py).
-_COMPILED: dict = {}
+# The compiled twin of hears_truth's cache (speedups.py), made at first use.
+_compiled_cache = None
 
 
 def compiled_truth(compiled):
     """``compiled.CallerCache`` deciding as ``hears_truth``: the compiled wrappers ask it
     about their caller without a Python frame. ``configure()`` clears it with the rest."""
-    cache = _COMPILED.get(compiled)
-    if cache is None:
-        cache = _COMPILED[compiled] = compiled.CallerCache(is_honest_module)
-    return cache
+    global _compiled_cache
+    if _compiled_cache is None:
+        _compiled_cache = compiled.CallerCache(is_honest_module)
+    return _compiled_cache
 
 
 def asking_module(depth: int = 2) -> str:

@@ -121,10 +121,7 @@ def doctor(settings) -> int:
             if precision is not None:
                 out("precision:\n" + "".join(f"  {line}\n" for line in precision.describe()))
             out("CUDA-only libraries (--substitute):\n" + "".join(f"  {line}\n" for line in stand_ins))
-            wrappers = speedups.describe(settings)
-            if activation.current_activation().compiled is None and "compiled" in wrappers:
-                wrappers = "pure Python (torch.compile could not trace the compiled ones: the 'compiled' group is off)"
-            out(f"hot wrappers: {wrappers}; host kernels: "
+            out(f"hot wrappers: {speedups.describe(settings)}; host kernels: "
                 f"{native.unavailable() or 'compiled (cudashim.kernels._native)'}\n")
             out("patch groups:\n")
             width = max(map(len, patches.GROUPS))

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+from . import patches
+
 try:
     from . import _speedups as _compiled
 except ImportError:                      # built without a compiler: the Python fallback runs
@@ -23,20 +25,23 @@ def built() -> bool:
     return _compiled is not None
 
 
+def _why_not(settings) -> Optional[str]:
+    if settings.pure_python:
+        return "the pure_python setting asks for it"
+    if _compiled is None:
+        return "the compiled fast path was not built: no C compiler at install time"
+    if patches.off_reason("compiled", settings) is not None:
+        # torch.compile traces the compiled wrappers only through that group's patch.
+        return "torch.compile could not trace the compiled ones: the 'compiled' patch group is off"
+    return None
+
+
 def chosen(settings):
     """The compiled module when it is built and the settings allow it, else None."""
-    return None if settings.pure_python else _compiled
+    return _compiled if _why_not(settings) is None else None
 
 
 def describe(settings) -> str:
-    """One line for doctor and the report."""
-    if settings.pure_python:
-        return "pure Python (the pure_python setting asks for it)"
-    if _compiled is None:
-        return "pure Python (the compiled fast path was not built: no C compiler at install time)"
-    return "compiled (cudashim._speedups)"
-
-
-def implementation(activation) -> Optional[object]:
-    """The compiled module for this activation, or None."""
-    return chosen(activation.settings)
+    """One line for doctor: which wrappers run, and why not the compiled ones."""
+    reason = _why_not(settings)
+    return "compiled (cudashim._speedups)" if reason is None else f"pure Python ({reason})"

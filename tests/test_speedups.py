@@ -6,7 +6,6 @@ same inputs, errors included; the whole suite runs a second time with ``--pure-p
 (tox.ini), so every other test covers both too.
 """
 
-import os
 import sys
 import zipfile
 
@@ -207,9 +206,12 @@ def test_compiled_compression_matches_the_portable_one():
         assert torch.equal(fast, slow)
 
 
-def test_pure_python_setting_turns_the_compiled_kernels_off():
+@needs_compiled
+def test_pure_python_setting_turns_the_compiled_kernels_off(tmp_path):
+    # Started outside the checkout, so that it imports the installed package, as the test
+    # process does (from the repository root, ``-c`` would import the sources, unbuilt).
     result = python("-c", "from cudashim.kernels import native; print(native.unavailable())",
-                    env={"CUDASHIM_PURE_PYTHON": "1"})
+                    env={"CUDASHIM_PURE_PYTHON": "1"}, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "pure_python setting" in result.stdout
 
@@ -244,4 +246,18 @@ def test_the_sdist_carries_the_c_sources(tmp_path):
     names = tarfile.open(tmp_path / result.stdout.strip().splitlines()[-1]).getnames()
     assert any(n.endswith("cudashim/_speedups.c") for n in names)
     assert any(n.endswith("cudashim/kernels/_native.c") for n in names)
-    assert os.path.exists(ROOT / "setup.py")
+
+
+@needs_compiled
+def test_the_launcher_runs_the_compiled_wrappers_unless_asked_not_to(tmp_path):
+    """Under ``python -m cudashim``: compiled by default, Python with --pure-python, the same
+    answers either way (a translated tensor, is_cuda, the current device)."""
+    program = ("import torch; t = torch.ones(2).cuda(); "
+               "print(type(torch.zeros).__name__, t.is_cuda, t.device, torch.cuda.current_device())")
+    answers = {}
+    for flags in ((), ("--pure-python",)):
+        result = python("-m", "cudashim", "--backend", "cpu", *flags, "-c", program, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-2000:]
+        answers[flags] = result.stdout.split()
+    assert answers[()] == ["Rewriter", "True", "cpu", "0"]
+    assert answers[("--pure-python",)] == ["function", "True", "cpu", "0"]

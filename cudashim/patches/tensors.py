@@ -43,10 +43,10 @@ def on_target_check(backend):
 def is_cuda_property(real_is_cuda, backend, compiled=None):
     """``Tensor.is_cuda``: the truth for callers that hear it, else True on the target too."""
     doc = "True for tensors on the target device"
-    target_getter = vars(torch._C.TensorBase).get(f"is_{backend.device_type}")
     if compiled is not None:
         from ..callers import compiled_truth
-        on_target = target_getter if target_getter is not None else on_target_check(backend)
+        # TensorBase.is_<type> is read in C as a descriptor; otherwise the Python check.
+        on_target = vars(torch._C.TensorBase).get(f"is_{backend.device_type}") or on_target_check(backend)
         return compiled.IsCuda(compiled_truth(compiled), real_is_cuda, on_target, doc)
     on_target, real = on_target_check(backend), real_is_cuda.__get__
 
