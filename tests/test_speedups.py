@@ -14,12 +14,14 @@ import torch
 
 import cudashim
 from cudashim import speedups
+from cudashim._settings import load as load_settings
 from cudashim.kernels import bits, native
 
 from conftest import ROOT, python
 
-needs_compiled = pytest.mark.skipif(not speedups.built() or native._native is None,
-                                    reason="the compiled fast paths were not built here")
+needs_compiled = pytest.mark.skipif(
+    not speedups.built() or native._native is None or load_settings().pure_python,
+    reason="the compiled fast paths were not built here, or this pass runs the fallback")
 
 # (what, a call) pairs: values, odd values and bad values, as programs pass them.
 CALLS = [
