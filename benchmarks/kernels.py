@@ -65,18 +65,12 @@ def bit_rows(repeats):
 
 def compression_work(buffer, worker_error, server_error, world=2):
     """Everything compressed_allreduce computes for one rank of ``world``, without sending:
-    compensate and compress, sum the signs received (here: this rank's own, world times),
-    compress the server chunk, expand every chunk back."""
-    n, chunk = buffer.numel(), worker_error.numel() // world
+    compensate and compress, average the signs received (here: this rank's own, world
+    times), compress the server chunk, expand every chunk back into the buffer."""
     scale, packed = compressed.compensate_and_compress(buffer, worker_error)
-    scales = scale.reshape(1).repeat(world)
-    server = compressed._signs_times_scales(packed, scales, world, chunk, summed=True).div_(world)
-    server.add_(server_error)
-    server_scale, server_packed = compressed._compress(server, server_error)
-    gathered = server_packed.repeat(world)
-    result = compressed._signs_times_scales(gathered, server_scale.reshape(1).repeat(world),
-                                            world, chunk, summed=False)
-    buffer.copy_(result.reshape(-1)[:n])
+    server_scale, server_packed = compressed.server_compress(packed, scale.reshape(1).repeat(world),
+                                                             server_error)
+    compressed.expand_into(buffer, server_packed.repeat(world), server_scale.reshape(1).repeat(world))
 
 
 def compression_row(repeats, world=2):
@@ -111,6 +105,9 @@ def compression_row(repeats, world=2):
 
 
 def _rank(rank, world, init_method, repeats, out):
+    # Each rank gets its share of the cores, as torchrun gives it (OMP_NUM_THREADS=1 for
+    # several ranks a node): two ranks with two threads each would fight over two cores.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
     torch.manual_seed(rank)
     buffer = torch.randn(ELEMENTS)

@@ -15,7 +15,7 @@ import torch
 import cudashim
 from cudashim import speedups
 from cudashim._settings import load as load_settings
-from cudashim.kernels import bits, native
+from cudashim.kernels import bits, error_buffer_size, native
 
 from conftest import ROOT, python
 
@@ -188,24 +188,74 @@ def test_compiled_bit_kernels_match_the_portable_ones(n, bitorder):
     assert torch.equal(native.unpack_signs(packed, n), bits.unpack_signs(packed, n))
 
 
-@needs_compiled
-def test_compiled_compression_matches_the_portable_one():
+def _compression_steps(buffer, world):
+    """One rank's compression steps from zero errors, as compressed_allreduce runs them
+    (the server side is fed this rank's own signs, world times, with made-up scales)."""
     from cudashim.kernels import compressed
-    torch.manual_seed(0)
-    x = torch.randn(8 * 1000)
-    mine, theirs = torch.empty_like(x), torch.empty_like(x)
-    scale, packed = native.compress(x, mine)
+    size = error_buffer_size(buffer.numel(), world)
+    worker_error, server_error = torch.zeros(size), torch.zeros(size // world)
+    worker_error[buffer.numel():] = 0.25                  # the padding's own carried error
+    worker_scale, packed = compressed.compensate_and_compress(buffer, worker_error)
+    scales = torch.arange(1, world + 1, dtype=torch.float32) * worker_scale
+    server_scale, server_packed = compressed.server_compress(packed, scales, server_error)
+    result = torch.empty_like(buffer)
+    compressed.expand_into(result, packed, scales)
+    return {"worker_scale": worker_scale, "packed": packed, "worker_error": worker_error,
+            "server_scale": server_scale, "server_packed": server_packed,
+            "server_error": server_error, "result": result}
+
+
+@needs_compiled
+@pytest.mark.parametrize("world, numel", [(2, 8 * 1000), (4, 999), (2, 600_003)])
+def test_compiled_compression_matches_the_portable_one(world, numel):
+    torch.manual_seed(numel)
+    buffer = torch.randn(numel)
+    buffer[::97] = 0.0
+    mine = _compression_steps(buffer.clone(), world)
     with native.portable_only():
-        their_scale, their_packed = compressed._compress(x, theirs)
-    assert torch.equal(packed, their_packed)
-    assert torch.allclose(scale, their_scale, rtol=1e-6)
-    assert torch.allclose(mine, theirs, atol=1e-6)
-    scales = torch.tensor([0.5, 2.0])
-    for summed in (True, False):
-        fast = compressed._signs_times_scales(packed, scales, 2, 4000, summed)
-        with native.portable_only():
-            slow = compressed._signs_times_scales(packed, scales, 2, 4000, summed)
-        assert torch.equal(fast, slow)
+        theirs = _compression_steps(buffer.clone(), world)
+    # The signs and the expanded result agree bit for bit; the scales and what depends on
+    # them to float32 summation error (the compiled norm is folded in double precision).
+    for key in ("packed", "server_packed", "result"):
+        if key == "result":
+            torch.testing.assert_close(mine[key], theirs[key], rtol=1e-5, atol=0)
+        else:
+            assert torch.equal(mine[key], theirs[key]), key
+    for key in ("worker_scale", "server_scale", "worker_error", "server_error"):
+        torch.testing.assert_close(mine[key], theirs[key], rtol=1e-4, atol=1e-4)
+    # ... and the compiled worker scale is the float64 one, where torch's float32 norm drifts
+    size = error_buffer_size(numel, world)
+    x = torch.full((size,), 0.25, dtype=torch.float64)
+    x[:numel] = buffer
+    exact = x.norm() / size ** 0.5
+    assert abs(mine["worker_scale"].item() / exact.item() - 1) < 1e-6
+
+
+@needs_compiled
+@pytest.mark.parametrize("threads", [1, 3])
+def test_compiled_bit_kernels_match_numpy_when_split_over_threads(threads):
+    import numpy as np
+    torch.set_num_threads(threads)
+    torch.manual_seed(threads)
+    flags = torch.rand(8 * 2**20 + 13) < 0.5          # long enough to be split over threads
+    for bitorder in ("big", "little"):
+        packed = native.packbits(flags, bitorder)
+        assert np.array_equal(packed.numpy(), np.packbits(flags.numpy(), bitorder=bitorder))
+        assert np.array_equal(native.unpackbits(packed, bitorder=bitorder).numpy(),
+                              np.unpackbits(packed.numpy(), bitorder=bitorder))
+
+
+@needs_compiled
+def test_compiled_compression_does_not_depend_on_the_thread_count():
+    torch.manual_seed(0)
+    buffer = torch.randn(1_500_001)          # long enough to be split over threads
+    runs = []
+    for threads in (1, 2, 3):
+        torch.set_num_threads(threads)
+        runs.append(_compression_steps(buffer.clone(), world=2))
+    for other in runs[1:]:
+        for key, value in runs[0].items():
+            assert torch.equal(value, other[key]), key
 
 
 @needs_compiled

@@ -25,25 +25,48 @@ def error_buffer_size(numel: int, world_size: int) -> int:
     return -(-numel // unit) * unit
 
 
-def _compress(x: torch.Tensor, error: torch.Tensor):
-    """Scale and packed signs of ``x`` (zero counts as positive); ``error`` becomes what
-    they fail to represent: ``x - scale * sign``."""
-    if _on_host(x, error):
-        return native.compress(x, error)
-    scale = torch.linalg.vector_norm(x) / math.sqrt(x.numel())
-    scaled_signs = (x >= 0).to(x.dtype).mul_(2 * scale).sub_(scale)    # +scale or -scale
-    torch.sub(x, scaled_signs, out=error)
-    return scale, pack_signs(x)
-
-
 def compensate_and_compress(buffer: torch.Tensor, error: torch.Tensor):
     """The worker side: ``buffer`` plus the error carried from the last call (``error`` is
-    the longer, padded to whole bytes per rank), compressed; ``error`` is updated."""
-    n, size = buffer.numel(), error.numel()
-    x = native.empty(size, error.dtype) if _on_host(error) else torch.empty_like(error)
-    torch.add(error[:n], buffer.reshape(-1), out=x[:n])
-    x[n:] = error[n:]                                  # the padding carries its error alone
-    return _compress(x, error)
+    the longer, padded to whole bytes per rank; its padding carries its error alone),
+    compressed. Works in ``error``, which ends holding what the compression missed."""
+    flat = buffer.reshape(-1)
+    if _on_host(flat, error):
+        return native.compress_compensated(flat, error)
+    error[:flat.numel()].add_(flat)
+    return _compress_in_place(error)
+
+
+def server_compress(received: torch.Tensor, scales: torch.Tensor, error: torch.Tensor):
+    """The server side: this rank's chunk of every rank's signs (``received``, one row per
+    rank), each row times its rank's scale, averaged, plus the error carried from the last
+    call, compressed. Works in ``error`` as above."""
+    rows = scales.numel()
+    if _on_host(received, scales, error):
+        return native.compress_server(received, scales, error)
+    signs = unpack_signs(received, dtype=error.dtype).view(rows, -1).mul_(scales.view(rows, 1))
+    error.add_(signs.sum(0).div_(rows))
+    return _compress_in_place(error)
+
+
+def expand_into(buffer: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> None:
+    """``buffer`` gets the decompressed result: row r of ``packed`` times ``scales[r]``, the
+    rows end to end, as many elements as ``buffer`` holds."""
+    flat = buffer.view(-1) if buffer.is_contiguous() else None
+    if flat is not None and _on_host(flat, packed, scales):
+        native.expand_signs(packed, scales, flat)
+        return
+    rows = scales.numel()
+    signs = unpack_signs(packed, dtype=scales.dtype).view(rows, -1).mul_(scales.view(rows, 1))
+    buffer.copy_(signs.reshape(-1)[:buffer.numel()].view_as(buffer))
+
+
+def _compress_in_place(x: torch.Tensor):
+    """Scale and packed signs of ``x`` (zero counts as positive); ``x`` becomes what they
+    fail to represent: ``x - scale * sign``."""
+    scale = torch.linalg.vector_norm(x) / math.sqrt(x.numel())
+    packed = pack_signs(x)
+    x.sub_((x >= 0).to(x.dtype).mul_(2 * scale).sub_(scale))    # +scale or -scale
+    return scale, packed
 
 
 def _on_host(*tensors: torch.Tensor) -> bool:
@@ -51,18 +74,6 @@ def _on_host(*tensors: torch.Tensor) -> bool:
     return native.usable() and all(
         t.device.type == "cpu" and t.is_contiguous() and t.dtype in (torch.float32, torch.uint8)
         for t in tensors)
-
-
-def _signs_times_scales(packed: torch.Tensor, scales: torch.Tensor, rows: int, columns: int,
-                        summed: bool) -> torch.Tensor:
-    """Row r of the packed signs times ``scales[r]``: rows x columns, or summed over rows."""
-    if _on_host(packed, scales):
-        out = native.empty(columns if summed else rows * columns, torch.float32)
-        native.signs_into(packed, scales, out, rows, accumulate=summed)
-        return out if summed else out.view(rows, columns)
-    signs = unpack_signs(packed, dtype=scales.dtype).view(rows, columns)
-    signs.mul_(scales.view(rows, 1))
-    return signs.sum(0) if summed else signs
 
 
 class CompressedBackend:
@@ -96,16 +107,12 @@ class CompressedBackend:
         worker_scales = self._all_gather_scale(worker_scale)
 
         # Server side: average this rank's chunk across ranks, compensate, compress again.
-        server = _signs_times_scales(received, worker_scales, world, chunk, summed=True).div_(world)
-        server.add_(server_error)
-        server_scale, server_packed = _compress(server, server_error)
+        server_scale, server_packed = server_compress(received, worker_scales, server_error)
 
         # Everyone gathers every server chunk and decompresses the whole buffer.
-        gathered = [torch.empty_like(server_packed) for _ in range(world)]
-        dist.all_gather(gathered, server_packed, group=self.group)
-        server_scales = self._all_gather_scale(server_scale)
-        result = _signs_times_scales(torch.cat(gathered), server_scales, world, chunk, summed=False)
-        buffer.copy_(result.reshape(-1)[:n].view_as(buffer))
+        gathered = torch.empty(world * server_packed.numel(), dtype=torch.uint8, device=packed.device)
+        dist.all_gather_into_tensor(gathered, server_packed, group=self.group)
+        expand_into(buffer, gathered, self._all_gather_scale(server_scale))
         return buffer
 
     def _all_gather_scale(self, scale: torch.Tensor) -> torch.Tensor:

@@ -54,6 +54,11 @@ def portable_only():
         _usable = saved
 
 
+def _threads() -> int:
+    """The kernels split their loops over as many threads as torch's own CPU ops use."""
+    return torch.get_num_threads()
+
+
 def empty(numel: int, dtype: torch.dtype) -> torch.Tensor:
     """A fresh host tensor, advised onto huge pages before its first touch."""
     out = torch.empty(numel, dtype=dtype)
@@ -82,7 +87,7 @@ def _pack(flat: torch.Tensor, bitorder: str) -> torch.Tensor:
     whole = n // 8
     out = empty((n + 7) // 8, torch.uint8)
     if whole:
-        _native.pack_bytes(flat.data_ptr(), whole, out.data_ptr(), bitorder == "little")
+        _native.pack_bytes(flat.data_ptr(), whole, out.data_ptr(), bitorder == "little", _threads())
     if whole * 8 != n:                             # the last, partial byte
         out[whole:] = bits.packbits(flat[whole * 8:], bitorder)
     return out
@@ -95,7 +100,7 @@ def unpackbits(packed: torch.Tensor, count: Optional[int] = None, bitorder: str 
     flat = packed.reshape(-1).contiguous()
     out = empty(flat.numel() * 8, torch.uint8)
     if flat.numel():
-        _native.unpack_bytes(flat.data_ptr(), flat.numel(), out.data_ptr(), bitorder == "little")
+        _native.unpack_bytes(flat.data_ptr(), flat.numel(), out.data_ptr(), bitorder == "little", _threads())
     return bits.apply_count(out, count)
 
 
@@ -107,7 +112,7 @@ def pack_signs(x: torch.Tensor) -> torch.Tensor:
         return _pack((flat >= 0).contiguous(), "big")
     flat = flat.contiguous()
     out = empty(flat.numel() // 8, torch.uint8)
-    _native.pack_signs_f32(flat.data_ptr(), flat.numel(), out.data_ptr())
+    _native.pack_signs_f32(flat.data_ptr(), flat.numel(), out.data_ptr(), _threads())
     return out
 
 
@@ -118,22 +123,37 @@ def unpack_signs(packed: torch.Tensor, count: Optional[int] = None,
     flat = packed.reshape(-1).contiguous()
     out = empty(flat.numel() * 8, torch.float32)
     if flat.numel():
-        signs_into(flat, torch.ones(1), out, rows=1)
+        expand_signs(flat, torch.ones(1), out)
     return bits.apply_count(out, count)
 
 
-def signs_into(packed: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, rows: int,
-               accumulate: bool = False) -> None:
-    """Row r of ``packed`` (contiguous uint8) as +scales[r] / -scales[r] into ``out``
-    (contiguous float32): rows x columns of them, or summed over the rows."""
-    columns = packed.numel() * 8 // rows
-    scales = scales.reshape(-1).to(torch.float32).contiguous()
-    _native.signs_f32(packed.data_ptr(), rows, columns, scales.data_ptr(), out.data_ptr(),
-                      int(accumulate))
+def expand_signs(packed: torch.Tensor, scales: torch.Tensor, out: torch.Tensor) -> None:
+    """``out`` (contiguous float32) gets the first ``out.numel()`` signs of ``packed`` (one
+    row per scale, contiguous uint8), each times its row's scale."""
+    columns = packed.numel() * 8 // scales.numel()
+    scales = _host_scales(scales)
+    _native.expand_signs_f32(packed.data_ptr(), columns, scales.data_ptr(), out.data_ptr(),
+                             out.numel(), _threads())
 
 
-def compress(x: torch.Tensor, error: torch.Tensor):
-    """compressed.py's ``_compress`` for contiguous float32 CPU tensors, in two passes."""
-    packed = empty(x.numel() // 8, torch.uint8)
-    scale = _native.compress_f32(x.data_ptr(), x.numel(), error.data_ptr(), packed.data_ptr())
+def _host_scales(scales: torch.Tensor) -> torch.Tensor:
+    return scales.reshape(-1).to(torch.float32).contiguous()
+
+
+def compress_compensated(buffer: torch.Tensor, error: torch.Tensor):
+    """compressed.py's ``compensate_and_compress`` for contiguous float32 CPU tensors:
+    ``error[:buffer.numel()] += buffer``, then compressed in place, in two passes."""
+    packed = empty(error.numel() // 8, torch.uint8)
+    scale = _native.compress_compensated_f32(buffer.data_ptr(), buffer.numel(), error.data_ptr(),
+                                             error.numel(), packed.data_ptr(), _threads())
+    return torch.tensor(scale, dtype=torch.float32), packed
+
+
+def compress_server(signs: torch.Tensor, scales: torch.Tensor, error: torch.Tensor):
+    """compressed.py's ``server_compress`` for contiguous CPU tensors: ``error`` += the mean
+    over rows of the packed signs times their scales, then compressed in place."""
+    packed = empty(error.numel() // 8, torch.uint8)
+    scales = _host_scales(scales)
+    scale = _native.compress_server_f32(signs.data_ptr(), scales.numel(), scales.data_ptr(),
+                                        error.data_ptr(), error.numel(), packed.data_ptr(), _threads())
     return torch.tensor(scale, dtype=torch.float32), packed
