@@ -280,3 +280,21 @@ def test_the_report_says_what_an_autocast_region_ran_in(speeds, fast, became):
     entries = activation.current_activation().report.entries
     assert entries["torch.autocast(dtype=torch.float16)"]["became"] == became
     assert entries["torch.autocast"]["became"] == "cpu"
+
+
+def test_a_parameter_that_is_a_view_into_a_larger_buffer_is_never_kept():
+    """ZeRO-3 gathers each parameter into a flat buffer (``param.data = buffer.narrow(...)``);
+    writes into the buffer change the parameter without moving its version counter."""
+    from cudashim.patches.precision import WideningCache
+    cache = WideningCache(budget_bytes=2 ** 20)
+    buffer = torch.zeros(64, dtype=torch.float16)
+    gathered = torch.nn.Parameter(torch.empty(0, dtype=torch.float16))
+    gathered.data = buffer[:48]
+    own = torch.nn.Parameter(torch.ones(48, dtype=torch.float16))
+    with torch.no_grad():                 # as inside an autograd.Function's forward
+        assert torch.equal(cache.widen(gathered), torch.zeros(48))
+        version = gathered._version
+        buffer.fill_(3.0)
+        assert gathered._version == version                       # nothing to see it by ...
+        assert torch.equal(cache.widen(gathered), torch.full((48,), 3.0))   # ... so never kept
+        assert cache.widen(own) is cache.widen(own)               # a parameter of its own is

@@ -69,7 +69,8 @@ class WideningCache:
 
     def widen(self, tensor):
         if not isinstance(tensor, torch.nn.Parameter) or (tensor.requires_grad
-                                                          and torch.is_grad_enabled()):
+                                                          and torch.is_grad_enabled()) \
+                or not _owns_its_storage(tensor):
             return tensor.float()
         key = id(tensor)
         kept = self.copies.get(key)
@@ -94,6 +95,14 @@ class WideningCache:
     def clear(self):
         self.copies.clear()
         self.held = 0
+
+
+def _owns_its_storage(parameter) -> bool:
+    """Whether the parameter's memory is its own. A parameter that is a view into a larger
+    buffer (ZeRO-3's gathered parameters, FSDP's flat parameters) changes when the buffer
+    is written, without its version counter moving: it is never kept."""
+    return (parameter.storage_offset() == 0 and parameter.untyped_storage().nbytes()
+            == parameter.numel() * parameter.element_size())
 
 
 def _quarter_of_memory() -> int:
