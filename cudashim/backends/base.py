@@ -55,6 +55,8 @@ class Backend:
     # Kernel languages whose compilers build for the device ("triton" on XPU); CUDA C++ and
     # triton kernels in a program run only where their language is listed.
     kernel_languages: ClassVar[Tuple[str, ...]] = ()
+    # DeepSpeed's name for its accelerator for this target (DS_ACCELERATOR), where it has one.
+    deepspeed_accelerator: ClassVar[Optional[str]] = None
 
     def __init__(self, settings):
         self.settings = settings

@@ -38,6 +38,7 @@ def visible_device_count(value: str) -> int:
 class CPUBackend(HostStreams, Backend):
     name = "cpu"
     device_type = "cpu"
+    deepspeed_accelerator = "cpu"
 
     def __init__(self, settings):
         super().__init__(settings)

@@ -18,6 +18,7 @@ HCCL_MODULE = "habana_frameworks.torch.distributed.hccl"
 class HPUBackend(Backend):
     name = "hpu"
     device_type = "hpu"
+    deepspeed_accelerator = "hpu"
     default_collective = "hccl"
     visible_devices_var = "HABANA_VISIBLE_MODULES"
     vendor_package = "habana_frameworks.torch"

@@ -22,6 +22,7 @@ class MPSStream(HostStream):
 class MPSBackend(HostStreams, Backend):
     name = "mps"
     device_type = "mps"
+    deepspeed_accelerator = "mps"
     default_collective = "gloo"
     device_hint = "MPS needs Apple silicon, macOS 12.3 or later and a torch built with MPS"
 

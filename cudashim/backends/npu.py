@@ -10,6 +10,7 @@ from .base import Backend
 class NPUBackend(Backend):
     name = "npu"
     device_type = "npu"
+    deepspeed_accelerator = "npu"
     default_collective = "hccl"
     visible_devices_var = "ASCEND_RT_VISIBLE_DEVICES"
     vendor_package = "torch_npu"

@@ -21,6 +21,7 @@ ONECCL = "oneccl_bindings_for_pytorch"
 class XPUBackend(Backend):
     name = "xpu"
     device_type = "xpu"
+    deepspeed_accelerator = "xpu"
     kernel_languages = ("triton",)
     default_collective = "xccl"
     visible_devices_var = "ZE_AFFINITY_MASK"

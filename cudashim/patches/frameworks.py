@@ -1,0 +1,57 @@
+"""DeepSpeed runs on its own accelerator for the target; the program keeps its CUDA words.
+
+DeepSpeed chooses its device layer (``deepspeed.accelerator``) from ``DS_ACCELERATOR``, or,
+where that is unset, from what ``torch.cuda`` answers, which under cudashim is the program's
+view: it would choose its CUDA accelerator and ask nvcc for its ops. So this group names the
+target's accelerator in ``DS_ACCELERATOR`` (unless the user named one), for this process
+and every rank it launches. DeepSpeed then runs its own CPU, XPU, NPU, HPU or MPS
+accelerator: its op builders, collective library and profiler ranges for the target.
+
+DeepSpeed's CPU accelerator refuses fp16 configs ("Type fp16 is not supported on your
+device") unless oneDNN computes float16 natively. Under cudashim float16 tensors compute as
+the precision policy says (the matmul family in float32, rounded once), so that accelerator
+answers that fp16 is supported.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import wrapt
+
+from ..errors import CudashimWarning
+
+SELECTOR = "DS_ACCELERATOR"
+ACCELERATORS = "deepspeed.accelerator.real_accelerator"
+CPU_ACCELERATOR = "deepspeed.accelerator.cpu_accelerator"
+
+
+def install(activation):
+    wanted = activation.backend.deepspeed_accelerator
+    if wanted is None:
+        return                               # CUDA itself, or a target DeepSpeed has no layer for
+    if SELECTOR not in os.environ:
+        activation.registry.set_item(os.environ, SELECTOR, wanted)
+
+    def check_choice(module):
+        """DeepSpeed imported and asked before activation keeps the accelerator it chose."""
+        chosen = getattr(module, "ds_accelerator", None)
+        if activation.live and chosen is not None and getattr(chosen, "_name", wanted) != wanted:
+            warnings.warn(
+                f"DeepSpeed chose its {chosen._name!r} accelerator before cudashim was active; "
+                f"on the {activation.backend.name!r} backend it needs {wanted!r}. Start the "
+                f"program with `python -m cudashim`, or set {SELECTOR}={wanted}.",
+                CudashimWarning, stacklevel=2)
+
+    def answer_fp16(module):
+        if activation.live:
+            activation.registry.set_attr(module.CPU_Accelerator, "is_fp16_supported", _fp16_supported)
+
+    wrapt.register_post_import_hook(check_choice, ACCELERATORS)
+    wrapt.register_post_import_hook(answer_fp16, CPU_ACCELERATOR)
+
+
+def _fp16_supported(accelerator) -> bool:
+    """float16 computes on the host under cudashim's precision policy."""
+    return True

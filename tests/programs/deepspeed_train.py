@@ -1,0 +1,99 @@
+"""A DeepSpeed trainer written for NVIDIA GPUs, as DeepSpeed's tutorials write one.
+
+The tests run it unmodified under ``python -m cudashim``, on one rank and on two with the
+``deepspeed`` launcher: ``cuda`` devices, the NCCL backend, fp16 or bf16, ZeRO stage 1, 2 or 3
+(``deepspeed.zero.Init`` for stage 3), optimizer states offloaded to the host, states
+offloaded and reloaded, a checkpoint saved and resumed. Rank 0 writes what it saw as JSON.
+"""
+
+import argparse
+import json
+import os
+
+import torch
+import deepspeed
+from deepspeed.accelerator import get_accelerator
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.GELU(), torch.nn.Linear(64, 64),
+                                        torch.nn.GELU(), torch.nn.Linear(64, 1))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def batches(seed, steps, dtype):
+    generator = torch.Generator().manual_seed(seed + 1000 * torch.distributed.get_rank())
+    for _ in range(steps):
+        x = torch.randn(8, 16, generator=generator)
+        yield x.cuda().to(dtype), x.sum(1, keepdim=True).cuda().to(dtype) / 4
+
+
+def train(engine, seed, steps, dtype):
+    losses = []
+    for x, y in batches(seed, steps, dtype):
+        loss = torch.nn.functional.mse_loss(engine(x), y)
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    return losses
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
+    parser.add_argument("--stage", type=int, default=2)
+    parser.add_argument("--dtype", choices=["fp16", "bf16"], default="fp16")
+    parser.add_argument("--offload-optimizer", action="store_true")
+    parser.add_argument("--offload-states", action="store_true", help="ZeRO-3: offload and reload")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+
+    deepspeed.init_distributed(dist_backend="nccl")
+    torch.cuda.set_device(args.local_rank)
+    dtype = torch.float16 if args.dtype == "fp16" else torch.bfloat16
+    zero = {"stage": args.stage}
+    if args.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    precision = {"enabled": True, "initial_scale_power": 8} if args.dtype == "fp16" else {"enabled": True}
+    config = {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1,
+              "gradient_clipping": 1.0, args.dtype: precision, "zero_optimization": zero,
+              "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01}},
+              "steps_per_print": 1000}
+
+    torch.manual_seed(0)
+    with deepspeed.zero.Init(config_dict_or_path=config, enabled=args.stage == 3):
+        model = Model()
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+
+    losses = train(engine, seed=0, steps=args.steps, dtype=dtype)
+    engine.save_checkpoint(args.checkpoint, tag="mid")
+    continued = train(engine, seed=1, steps=2, dtype=dtype)
+    if args.offload_states:
+        engine.offload_states()
+        engine.reload_states()
+        after_reload = train(engine, seed=2, steps=1, dtype=dtype)
+    else:
+        after_reload = None
+    engine.load_checkpoint(args.checkpoint, tag="mid")
+    resumed = train(engine, seed=1, steps=2, dtype=dtype)
+
+    parameter = next(engine.module.parameters())
+    if torch.distributed.get_rank() == 0:
+        with open(args.out, "w") as f:
+            json.dump({"accelerator": get_accelerator().device_name(),
+                       "communication": get_accelerator().communication_backend_name(),
+                       "world_size": torch.distributed.get_world_size(),
+                       "backend": torch.distributed.get_backend(),
+                       "parameter": [str(parameter.device), str(parameter.dtype), parameter.is_cuda],
+                       "losses": losses, "continued": continued, "resumed": resumed,
+                       "after_reload": after_reload}, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""Real DeepSpeed programs written for CUDA, run unmodified under ``python -m cudashim``.
+
+DeepSpeed is not in the suite's environment; tox's ``frameworks`` environment installs a
+release that still ships the 1-bit optimizers (0.16.9) and runs this file. DeepSpeed builds
+its CPU ops (shared-memory allreduce, fused Adam, CPU Adam) with the compiler on first use.
+"""
+
+import json
+import socket
+
+import pytest
+
+from conftest import ROOT, python
+
+pytest.importorskip("deepspeed")
+
+PROGRAM = str(ROOT / "tests" / "programs" / "deepspeed_train.py")
+BUILDS = 1200                        # the first run may build DeepSpeed's CPU ops
+
+
+def _port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _one_rank(tmp_path, *options, shim=("-m", "cudashim"), program=PROGRAM, env=()):
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(_port()), **dict(env)}
+    out = tmp_path / "out.json"
+    result = python(*shim, program, *options, "--checkpoint", str(tmp_path / "checkpoints"),
+                    "--out", str(out), env=env, timeout=BUILDS)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+def _two_ranks(tmp_path, *options):
+    out = tmp_path / "out.json"
+    result = python("-m", "cudashim", "-m", "deepspeed.launcher.runner", "--num_gpus", "2",
+                    "--master_port", str(_port()), PROGRAM, *options,
+                    "--checkpoint", str(tmp_path / "checkpoints"), "--out", str(out), timeout=BUILDS)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+def _check(seen, dtype, world_size):
+    # DeepSpeed ran its own CPU accelerator and gloo; the program heard its CUDA words
+    assert seen["accelerator"] == "cpu" and seen["communication"] == "gloo"
+    assert seen["backend"] == "nccl" and seen["world_size"] == world_size
+    assert seen["parameter"] == ["cpu", f"torch.{dtype}", True]
+    assert all(loss == loss and loss < 10 for loss in seen["losses"])       # finite, trained
+    # the checkpoint resumes exactly where it was saved: the same two steps, the same losses
+    assert seen["resumed"] == seen["continued"]
+
+
+@pytest.mark.parametrize("stage, dtype, options", [
+    (1, "float16", ("--dtype", "fp16")),
+    (3, "float16", ("--dtype", "fp16", "--offload-states")),
+])
+def test_zero_on_one_rank(tmp_path, stage, dtype, options):
+    seen = _one_rank(tmp_path, "--stage", str(stage), *options)
+    _check(seen, dtype, world_size=1)
+    if "--offload-states" in options:
+        assert seen["after_reload"] is not None
+
+
+def test_bf16_under_the_shim_equals_the_hand_port_on_deepspeeds_cpu_accelerator(tmp_path):
+    """The same program with its CUDA words removed by hand (DS_ACCELERATOR=cpu, gloo) gives
+    the same losses bit for bit: the shim adds nothing to what DeepSpeed computes."""
+    source = open(PROGRAM).read()
+    port = (source.replace(".cuda()", "").replace("    torch.cuda.set_device(args.local_rank)\n", "")
+            .replace('dist_backend="nccl"', 'dist_backend="gloo"'))
+    assert ".cuda()" not in port and "torch.cuda." not in port and '"nccl"' not in port
+    ported = tmp_path / "ported.py"
+    ported.write_text(port)
+    (tmp_path / "shim").mkdir()
+    (tmp_path / "port").mkdir()
+    options = ("--stage", "2", "--dtype", "bf16")
+    shimmed = _one_rank(tmp_path / "shim", *options)
+    native = _one_rank(tmp_path / "port", *options, shim=(), program=str(ported),
+                       env={"DS_ACCELERATOR": "cpu"})
+    assert shimmed["losses"] == native["losses"] and shimmed["resumed"] == native["resumed"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage, dtype, options", [
+    (3, "float16", ("--dtype", "fp16", "--offload-states")),
+    (2, "bfloat16", ("--dtype", "bf16", "--offload-optimizer")),
+])
+def test_zero_on_two_ranks_with_the_deepspeed_launcher(tmp_path, stage, dtype, options):
+    seen = _two_ranks(tmp_path, "--stage", str(stage), *options)
+    _check(seen, dtype, world_size=2)
