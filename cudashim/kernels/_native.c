@@ -137,8 +137,7 @@ static int parse_addresses(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t e
 typedef struct {
     const unsigned char *src;
     unsigned char *dst;
-    uint64_t multiplier;             /* pack */
-    const uint64_t *table;           /* unpack */
+    int little;                      /* the bit order: 1 little, 0 big (numpy's default) */
 } Bytes;
 
 /* Each of the eight bytes of x with its bits in the other order. */
@@ -152,11 +151,11 @@ static inline uint64_t reverse_each_byte(uint64_t x)
 static void pack_part(void *context, size_t start, size_t stop, size_t part)
 {
     const Bytes *b = (const Bytes *)context;
+    const uint64_t multiplier = b->little ? PACK_LITTLE : PACK_BIG;
     size_t i = start;
 #if defined(__SSE2__)
     /* Sixteen bytes to a register: each 0/1 shifted up to the top bit, then one mask of them
      * (element k at bit k: the little order). Four masks make eight packed bytes. */
-    const int big = b->multiplier == PACK_BIG;
     for (; i + 8 <= stop; i += 8) {
         uint64_t word = 0;
         int q;
@@ -164,7 +163,7 @@ static void pack_part(void *context, size_t start, size_t stop, size_t part)
             const __m128i flags = _mm_loadu_si128((const __m128i *)(b->src + 8 * i + 16 * q));
             word |= (uint64_t)(unsigned)_mm_movemask_epi8(_mm_slli_epi16(flags, 7)) << (16 * q);
         }
-        if (big)
+        if (!b->little)
             word = reverse_each_byte(word);
         memcpy(b->dst + i, &word, 8);
     }
@@ -172,52 +171,50 @@ static void pack_part(void *context, size_t start, size_t stop, size_t part)
     for (; i < stop; i++) {
         uint64_t word;
         memcpy(&word, b->src + 8 * i, 8);
-        b->dst[i] = (unsigned char)((word * b->multiplier) >> 56);
+        b->dst[i] = (unsigned char)((word * multiplier) >> 56);
     }
-}
-
-/* pack_bytes(src, words, dst, little, threads): 8 * words bytes of 0/1 -> words packed bytes. */
-static PyObject *pack_bytes(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
-{
-    uintptr_t a[5];
-    Bytes b;
-    if (!parse_addresses(args, nargs, 5, "pack_bytes", a))
-        return NULL;
-    b.src = (const unsigned char *)a[0];
-    b.dst = (unsigned char *)a[2];
-    b.multiplier = a[3] ? PACK_LITTLE : PACK_BIG;
-    Py_BEGIN_ALLOW_THREADS
-    parallel_for((size_t)a[1], 64, (size_t)a[4], pack_part, &b);
-    Py_END_ALLOW_THREADS
-    Py_RETURN_NONE;
 }
 
 static void unpack_part(void *context, size_t start, size_t stop, size_t part)
 {
     const Bytes *b = (const Bytes *)context;
+    const uint64_t *table = unpack_table[b->little];
     size_t i = start;
     for (; i + 2 <= stop; i += 2) {           /* two table words, one 16-byte store */
-        const uint64_t pair[2] = {b->table[b->src[i]], b->table[b->src[i + 1]]};
+        const uint64_t pair[2] = {table[b->src[i]], table[b->src[i + 1]]};
         memcpy(b->dst + 8 * i, pair, 16);
     }
     for (; i < stop; i++)
-        memcpy(b->dst + 8 * i, &b->table[b->src[i]], 8);
+        memcpy(b->dst + 8 * i, &table[b->src[i]], 8);
+}
+
+/* The two entry points below: (src, count, dst, little, threads), count words to pack or
+ * bytes to unpack, run by body. */
+static PyObject *run_bytes(PyObject *const *args, Py_ssize_t nargs, const char *name, PartBody body)
+{
+    uintptr_t a[5];
+    Bytes b;
+    if (!parse_addresses(args, nargs, 5, name, a))
+        return NULL;
+    b.src = (const unsigned char *)a[0];
+    b.dst = (unsigned char *)a[2];
+    b.little = a[3] != 0;
+    Py_BEGIN_ALLOW_THREADS
+    parallel_for((size_t)a[1], 64, (size_t)a[4], body, &b);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+/* pack_bytes(src, words, dst, little, threads): 8 * words bytes of 0/1 -> words packed bytes. */
+static PyObject *pack_bytes(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    return run_bytes(args, nargs, "pack_bytes", pack_part);
 }
 
 /* unpack_bytes(src, count, dst, little, threads): count packed bytes -> 8 * count 0/1 bytes. */
 static PyObject *unpack_bytes(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    uintptr_t a[5];
-    Bytes b;
-    if (!parse_addresses(args, nargs, 5, "unpack_bytes", a))
-        return NULL;
-    b.src = (const unsigned char *)a[0];
-    b.dst = (unsigned char *)a[2];
-    b.table = unpack_table[a[3] ? 1 : 0];
-    Py_BEGIN_ALLOW_THREADS
-    parallel_for((size_t)a[1], 64, (size_t)a[4], unpack_part, &b);
-    Py_END_ALLOW_THREADS
-    Py_RETURN_NONE;
+    return run_bytes(args, nargs, "unpack_bytes", unpack_part);
 }
 
 /* ---- 1-bit compression ------------------------------------------------------------------ */

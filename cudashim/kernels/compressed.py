@@ -51,9 +51,8 @@ def server_compress(received: torch.Tensor, scales: torch.Tensor, error: torch.T
 def expand_into(buffer: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> None:
     """``buffer`` gets the decompressed result: row r of ``packed`` times ``scales[r]``, the
     rows end to end, as many elements as ``buffer`` holds."""
-    flat = buffer.view(-1) if buffer.is_contiguous() else None
-    if flat is not None and _on_host(flat, packed, scales):
-        native.expand_signs(packed, scales, flat)
+    if _on_host(buffer, packed, scales):
+        native.expand_signs(packed, scales, buffer.view(-1))
         return
     rows = scales.numel()
     signs = unpack_signs(packed, dtype=scales.dtype).view(rows, -1).mul_(scales.view(rows, 1))

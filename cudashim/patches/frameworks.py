@@ -53,5 +53,5 @@ def install(activation):
 
 
 def _fp16_supported(accelerator) -> bool:
-    """float16 computes on the host under cudashim's precision policy."""
+    """torch computes float16 on the host; the precision policy widens its matmuls."""
     return True
