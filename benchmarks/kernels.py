@@ -34,16 +34,26 @@ import shaped_link  # noqa: E402
 
 BITS = 64 * 2 ** 20
 ELEMENTS = 16 * 2 ** 20
+WARM_UP_TURNS = 3
 
 
-def timed(function, repeats):
-    function()                                         # warm-up
-    samples = []
+def timed(functions, repeats):
+    """Time each of ``functions`` (name -> callable) ``repeats`` times, taking turns call by
+    call: this VM's speed drifts over seconds, and blocks timed one after the other caught
+    different drift (unpackbits read 0.76x in one run and 1.48x in another). Three warm-up
+    turns first: a process's first writes into fresh 64 MiB buffers take up to 200 ms on this
+    VM (either side's, numpy's too) before settling at 10-15 ms."""
+    for _ in range(WARM_UP_TURNS):
+        for function in functions.values():
+            function()
+    samples = {name: [] for name in functions}
     for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        samples.append((time.perf_counter() - start) * 1e3)
-    return {"median_ms": statistics.median(samples), "min_ms": min(samples), "max_ms": max(samples)}
+        for name, function in functions.items():
+            start = time.perf_counter()
+            function()
+            samples[name].append((time.perf_counter() - start) * 1e3)
+    return {name: {"median_ms": statistics.median(values), "min_ms": min(values), "max_ms": max(values)}
+            for name, values in samples.items()}
 
 
 def bit_rows(repeats):
@@ -56,7 +66,8 @@ def bit_rows(repeats):
             ("packbits, 64 Mi bits", lambda: packbits(bits), lambda: np.packbits(array)),
             ("unpackbits, 64 Mi bits", lambda: unpackbits(torch.from_numpy(packed)),
              lambda: np.unpackbits(packed))):
-        mine, reference = timed(ours, repeats), timed(theirs, repeats)
+        timings = timed({"mine": ours, "reference": theirs}, repeats)
+        mine, reference = timings["mine"], timings["reference"]
         rows.append({"what": name, "cudashim": mine, "reference": reference, "reference_name": "numpy",
                      "speed_vs_reference": reference["median_ms"] / mine["median_ms"],
                      "target": 1.0})
@@ -94,10 +105,13 @@ def compression_row(repeats, world=2):
     # the compiled sum (float lanes folded into a double) matches a float64 norm.
     for mine, theirs in zip(compiled_state, portable_state):
         assert torch.allclose(mine, theirs, rtol=2e-3, atol=2e-3), "compiled and portable disagree"
-    timings = {}
-    with native.portable_only():
-        timings["portable"] = timed(run(fresh()), repeats)
-    timings["compiled"] = timed(run(fresh()), repeats)
+    def portable(work):
+        def run_portable():
+            with native.portable_only():
+                work()
+        return run_portable
+
+    timings = timed({"portable": portable(run(fresh())), "compiled": run(fresh())}, repeats)
     return {"what": "compression work, 16 Mi float32", "cudashim": timings["compiled"],
             "reference": timings["portable"], "reference_name": "the portable torch version",
             "speed_vs_reference": timings["portable"]["median_ms"] / timings["compiled"]["median_ms"],
@@ -121,10 +135,11 @@ def _rank(rank, world, init_method, repeats, out):
             function()
         return run
 
-    one_bit = timed(synchronised(lambda: backend.compressed_allreduce(buffer, worker_error, server_error)), repeats)
-    plain = timed(synchronised(lambda: dist.all_reduce(buffer)), repeats)
+    # Both ranks take the same turns, so each collective meets its partner.
+    timings = timed({"compressed": synchronised(lambda: backend.compressed_allreduce(buffer, worker_error, server_error)),
+                     "plain": synchronised(lambda: dist.all_reduce(buffer))}, repeats)
     if rank == 0:
-        torch.save({"compressed": one_bit, "plain": plain}, out)
+        torch.save(timings, out)
     dist.destroy_process_group()
 
 
