@@ -288,6 +288,16 @@ def test_xformers_three_and_five_dimensional_inputs(shim):
 
 
 # --- apex ---------------------------------------------------------------------------------
+def test_a_bare_import_apex_reaches_its_parts_as_attributes(shim):
+    """Real apex imports its parts at its own import; DeepSpeed's fp16 optimizer reads
+    ``apex.optimizers.FusedAdam`` after a bare ``import apex``."""
+    import apex
+    assert apex.optimizers.FusedAdam.__module__.startswith("apex.optimizers")
+    assert apex.normalization.FusedLayerNorm is not None
+    assert callable(apex.amp.initialize)
+    assert apex.parallel.DistributedDataParallel is not None
+
+
 def _train(optimizer_class, steps=5, **options):
     torch.manual_seed(5)
     model = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Tanh(), torch.nn.Linear(6, 2))

@@ -9,3 +9,7 @@ kernels without a torch equivalent raise an ImportError naming the way out.
 from cudashim.substitutes import LIBRARIES
 
 __version__ = LIBRARIES["apex"].full_version
+
+# The real package imports these at its own import, and code reaches them as attributes of a
+# bare ``import apex``: DeepSpeed's fp16 optimizer checks ``apex.optimizers.FusedAdam``.
+from . import amp, normalization, optimizers, parallel  # noqa: E402,F401
