@@ -113,3 +113,23 @@ def test_groups_a_program_leaves_are_destroyed_before_the_interpreter_finalises(
     result = python("-m", "cudashim", "-c", program)
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads((tmp_path / "exit.json").read_text()) == {"initialized": False, "threads": []}
+
+
+def test_collectives_take_the_shapes_nccl_takes(world_of_one):
+    """NCCL checks element counts only; programs gather a 0-d scale into 1-element tensors
+    (DeepSpeed's 1-bit backends) or into a stacked output. Gloo wants equal shapes."""
+    dist.init_process_group("nccl", init_method=world_of_one, rank=0, world_size=1)
+    gathered = [torch.zeros(1, device="cuda")]
+    dist.all_gather(gathered, torch.tensor(3.0, device="cuda"))
+    assert gathered[0].tolist() == [3.0]
+    into = [torch.zeros(1, 1)]
+    dist.gather(torch.tensor([4.0]), gather_list=into, dst=0)
+    assert into[0].tolist() == [[4.0]]
+    received = torch.zeros(1)
+    dist.scatter(received, [torch.tensor(5.0)], src=0)
+    assert received.tolist() == [5.0]
+    stacked = torch.zeros(1, 2)
+    dist.all_gather_into_tensor(stacked, torch.tensor([6.0, 7.0]))
+    assert stacked.tolist() == [[6.0, 7.0]]
+    with pytest.raises(RuntimeError, match="invalid tensor size"):    # counts still must agree
+        dist.all_gather([torch.zeros(2)], torch.tensor(3.0))

@@ -17,6 +17,12 @@ import torch.distributed as dist
 from . import native, pack_signs, unpack_signs
 
 
+def _all_gather_single(output: torch.Tensor, given: torch.Tensor, group) -> None:
+    """all_gather_into_tensor, under the name torch 2.13 gives it (the old one warns there)."""
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(output, given, group=group)
+
+
 def error_buffer_size(numel: int, world_size: int) -> int:
     """The worker-error length for a buffer of ``numel`` elements: rounded up to a multiple
     of 8 x world size, so the packed signs split into whole bytes, one chunk per rank.
@@ -110,7 +116,7 @@ class CompressedBackend:
 
         # Everyone gathers every server chunk and decompresses the whole buffer.
         gathered = torch.empty(world * server_packed.numel(), dtype=torch.uint8, device=packed.device)
-        dist.all_gather_into_tensor(gathered, server_packed, group=self.group)
+        _all_gather_single(gathered, server_packed, group=self.group)
         expand_into(buffer, gathered, self._all_gather_scale(server_scale))
         return buffer
 

@@ -12,6 +12,7 @@ import weakref
 import torch
 
 from ..callers import hears_truth
+from . import _nccl_shapes as nccl_shapes
 from ._group_exit import NcclGroupExit
 from .rewriter import BOUND_DEVICE, BOUND_DEVICES, BOUND_INDICES, DEVICE, DEVICE_TYPE, \
     Argument, Rewrite, rewrite, rewritten
@@ -167,6 +168,13 @@ def install(activation):
                            lambda original: _splitting_anywhere(original, c10d, real_new_group))
     activation.replace(dist, "is_nccl_available", lambda original: functools.wraps(original)(
         lambda: dist.is_backend_available(target.collective)))
+    if target.collective != "nccl":
+        for name, make in nccl_shapes.WRAPPERS.items():
+            if not hasattr(c10d, name):
+                continue
+            replacement = activation.replace(c10d, name, make)
+            if getattr(dist, name) is activation.registry.original(c10d, name):
+                activation.registry.set_attr(dist, name, replacement)
 
     if spellings is not None:
         def make_get_backend(original):
