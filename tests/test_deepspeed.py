@@ -15,6 +15,7 @@ from conftest import ROOT, python
 pytest.importorskip("deepspeed")
 
 PROGRAM = str(ROOT / "tests" / "programs" / "deepspeed_train.py")
+BACKENDS = str(ROOT / "tests" / "programs" / "onebit_backend.py")
 BUILDS = 1200                        # the first run may build DeepSpeed's CPU ops
 
 
@@ -34,11 +35,12 @@ def _one_rank(tmp_path, *options, shim=("-m", "cudashim"), program=PROGRAM, env=
     return json.loads(out.read_text())
 
 
-def _two_ranks(tmp_path, *options):
+def _two_ranks(tmp_path, *options, program=PROGRAM):
     out = tmp_path / "out.json"
+    if program == PROGRAM:
+        options += ("--checkpoint", str(tmp_path / "checkpoints"))
     result = python("-m", "cudashim", "-m", "deepspeed.launcher.runner", "--num_gpus", "2",
-                    "--master_port", str(_port()), PROGRAM, *options,
-                    "--checkpoint", str(tmp_path / "checkpoints"), "--out", str(out), timeout=BUILDS)
+                    "--master_port", str(_port()), program, *options, "--out", str(out), timeout=BUILDS)
     assert result.returncode == 0, result.stderr[-4000:]
     return json.loads(out.read_text())
 
@@ -90,3 +92,38 @@ def test_bf16_under_the_shim_equals_the_hand_port_on_deepspeeds_cpu_accelerator(
 def test_zero_on_two_ranks_with_the_deepspeed_launcher(tmp_path, stage, dtype, options):
     seen = _two_ranks(tmp_path, "--stage", str(stage), *options)
     _check(seen, dtype, world_size=2)
+
+
+def test_the_one_bit_backends_agree_with_the_torch_simulation(tmp_path):
+    """DeepSpeed's NCCL backend (served on cudashim.kernels: CuPy cannot run here) and its
+    compressed backend (DeepSpeed's code, with cudashim's packbits op) each compress a
+    padded buffer on two ranks as a float32 simulation of the algorithm says."""
+    seen = _two_ranks(tmp_path, program=BACKENDS)
+    assert seen["NcclBackend"]["module"] == "cudashim.patches._deepspeed_onebit"
+    assert seen["CompressedBackend"]["module"] == "deepspeed.runtime.comm.compressed"
+    for backend in seen.values():
+        assert backend["result"] < 1e-6 and backend["worker_error"] < 1e-6 and backend["server_error"] < 1e-6
+        assert backend["shape_kept"] and backend["device"] == "cpu" and backend["is_cuda"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer", ["OneBitAdam", "ZeroOneAdam", "OneBitLamb"])
+def test_one_bit_optimizers_train_with_the_nccl_backend(tmp_path, optimizer):
+    """fp16, two ranks, comm_backend_name "nccl" as GPU programs write it; compression
+    starts at the fourth step. DeepSpeed's "compressed" backend (its own allreduce, our
+    packbits op) gives the same losses bit for bit."""
+    runs = {}
+    for backend in ("nccl", "compressed"):
+        (tmp_path / backend).mkdir()
+        runs[backend] = _two_ranks(tmp_path / backend, "--stage", "0", "--dtype", "fp16", "--steps", "6",
+                                   "--optimizer", optimizer, "--comm-backend", backend)
+    nccl, compressed = runs["nccl"], runs["compressed"]
+    assert nccl["onebit"]["backend"] == "cudashim.patches._deepspeed_onebit.NcclBackend"
+    assert compressed["onebit"]["backend"] == "deepspeed.runtime.comm.compressed.CompressedBackend"
+    assert nccl["onebit"]["calls"] > 0 and nccl["onebit"]["calls"] == compressed["onebit"]["calls"]
+    assert nccl["backend"] == "nccl" and nccl["parameter"] == ["cpu", "torch.float16", True]
+    assert all(loss == loss and loss < 10 for loss in nccl["losses"] + nccl["continued"])
+    assert nccl["losses"] == compressed["losses"] and nccl["continued"] == compressed["continued"]
+    # A resumed 1-bit optimizer starts its error feedback afresh (DeepSpeed resets it on
+    # load), so only the first resumed step, taken before any update, repeats exactly.
+    assert nccl["resumed"][0] == nccl["continued"][0]

@@ -11,16 +11,22 @@ DeepSpeed's CPU accelerator refuses fp16 configs ("Type fp16 is not supported on
 device") unless oneDNN computes float16 natively. Under cudashim float16 tensors compute as
 the precision policy says (the matmul family in float32, rounded once), so that accelerator
 answers that fp16 is supported.
+
+The 1-bit optimizers' ``"nccl"`` backend packs with CuPy, and DeepSpeed's CPU, MPS and HPU
+accelerators have no packbits op for its ``"compressed"`` backend: ``_deepspeed_onebit.py``
+serves both from ``cudashim.kernels``.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 
 import wrapt
 
 from ..errors import CudashimWarning
+from . import _deepspeed_onebit as onebit
 
 SELECTOR = "DS_ACCELERATOR"
 ACCELERATORS = "deepspeed.accelerator.real_accelerator"
@@ -48,8 +54,29 @@ def install(activation):
         if activation.live:
             activation.registry.set_attr(module.CPU_Accelerator, "is_fp16_supported", _fp16_supported)
 
+    def fill_in_packbits(module):
+        accelerator = getattr(module, accelerator_class, None)
+        if activation.live and hasattr(accelerator, "get_op_builder"):
+            activation.replace(accelerator, "get_op_builder",
+                               lambda original: wrapt.FunctionWrapper(original, onebit.fill_in_packbits))
+
     wrapt.register_post_import_hook(check_choice, ACCELERATORS)
     wrapt.register_post_import_hook(answer_fp16, CPU_ACCELERATOR)
+    accelerator_module, accelerator_class = onebit.ACCELERATOR_CLASSES[wanted]
+    wrapt.register_post_import_hook(fill_in_packbits, accelerator_module)
+    _serve_the_nccl_backend(activation)
+
+
+def _serve_the_nccl_backend(activation):
+    """The 1-bit optimizers' NCCL backend, which packs with CuPy (CUDA only), on
+    cudashim.kernels: served at its import, or swapped in where it was imported already."""
+    imported = sys.modules.get(onebit.NCCL_MODULE)
+    if imported is not None:
+        activation.registry.set_attr(imported, "NcclBackend", onebit.NcclBackend)
+        return
+    finder = onebit.NcclBackendFinder(activation)
+    sys.meta_path.insert(0, finder)
+    activation.registry.add_undo("the import hook for DeepSpeed's NCCL 1-bit backend", finder.remove)
 
 
 def _fp16_supported(accelerator) -> bool:

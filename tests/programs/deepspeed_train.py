@@ -3,7 +3,9 @@
 The tests run it unmodified under ``python -m cudashim``, on one rank and on two with the
 ``deepspeed`` launcher: ``cuda`` devices, the NCCL backend, fp16 or bf16, ZeRO stage 1, 2 or 3
 (``deepspeed.zero.Init`` for stage 3), optimizer states offloaded to the host, states
-offloaded and reloaded, a checkpoint saved and resumed. Rank 0 writes what it saw as JSON.
+offloaded and reloaded, a checkpoint saved and resumed; or, without ZeRO, one of the 1-bit
+optimizers with the communication backend GPU programs name (``"nccl"``) or DeepSpeed's
+``"compressed"``. Rank 0 writes what it saw as JSON.
 """
 
 import argparse
@@ -42,6 +44,23 @@ def train(engine, seed, steps, dtype):
     return losses
 
 
+def count_compressed_allreduces(optimizer):
+    """What a 1-bit optimizer communicates with: its backend's class, and a count of its
+    compressed allreduces (the test's probe; the training is unchanged)."""
+    handle = getattr(optimizer, "comm_backend_handle", None)
+    if handle is None:
+        return None
+    seen = {"backend": f"{type(handle).__module__}.{type(handle).__name__}", "calls": 0}
+    compressed_allreduce = handle.compressed_allreduce
+
+    def counted(*args, **kwargs):
+        seen["calls"] += 1
+        return compressed_allreduce(*args, **kwargs)
+
+    handle.compressed_allreduce = counted
+    return seen
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
@@ -49,6 +68,10 @@ def main():
     parser.add_argument("--dtype", choices=["fp16", "bf16"], default="fp16")
     parser.add_argument("--offload-optimizer", action="store_true")
     parser.add_argument("--offload-states", action="store_true", help="ZeRO-3: offload and reload")
+    parser.add_argument("--optimizer", choices=["AdamW", "OneBitAdam", "ZeroOneAdam", "OneBitLamb"],
+                        default="AdamW")
+    parser.add_argument("--comm-backend", choices=["nccl", "compressed"], default="nccl",
+                        help="the 1-bit optimizers' comm_backend_name")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--out", required=True)
@@ -61,16 +84,25 @@ def main():
     if args.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     precision = {"enabled": True, "initial_scale_power": 8} if args.dtype == "fp16" else {"enabled": True}
+    optimizer = {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01}}
+    if args.optimizer != "AdamW":            # 1-bit: compressed from the fourth step on
+        optimizer = {"type": args.optimizer,
+                     "params": {"lr": 1e-3, "freeze_step": 3, "var_freeze_step": 3, "cuda_aware": False,
+                                "comm_backend_name": args.comm_backend}}
+        if args.optimizer == "ZeroOneAdam":
+            del optimizer["params"]["freeze_step"]
+        else:
+            del optimizer["params"]["var_freeze_step"]
     config = {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1,
               "gradient_clipping": 1.0, args.dtype: precision, "zero_optimization": zero,
-              "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01}},
-              "steps_per_print": 1000}
+              "optimizer": optimizer, "steps_per_print": 1000}
 
     torch.manual_seed(0)
     with deepspeed.zero.Init(config_dict_or_path=config, enabled=args.stage == 3):
         model = Model()
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
 
+    compressed_calls = count_compressed_allreduces(engine.basic_optimizer)
     losses = train(engine, seed=0, steps=args.steps, dtype=dtype)
     engine.save_checkpoint(args.checkpoint, tag="mid")
     continued = train(engine, seed=1, steps=2, dtype=dtype)
@@ -92,7 +124,7 @@ def main():
                        "backend": torch.distributed.get_backend(),
                        "parameter": [str(parameter.device), str(parameter.dtype), parameter.is_cuda],
                        "losses": losses, "continued": continued, "resumed": resumed,
-                       "after_reload": after_reload}, f)
+                       "after_reload": after_reload, "onebit": compressed_calls}, f)
 
 
 if __name__ == "__main__":
