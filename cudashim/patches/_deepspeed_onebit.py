@@ -25,14 +25,12 @@ import torch.distributed as dist
 from ..kernels import CompressedBackend, pack_signs, unpack_signs
 
 NCCL_MODULE = "deepspeed.runtime.comm.nccl"
-# DeepSpeed's accelerator class for each name DS_ACCELERATOR takes (backends' deepspeed_accelerator)
-ACCELERATOR_CLASSES = {
-    "cpu": ("deepspeed.accelerator.cpu_accelerator", "CPU_Accelerator"),
-    "xpu": ("deepspeed.accelerator.xpu_accelerator", "XPU_Accelerator"),
-    "npu": ("deepspeed.accelerator.npu_accelerator", "NPU_Accelerator"),
-    "hpu": ("deepspeed.accelerator.hpu_accelerator", "HPU_Accelerator"),
-    "mps": ("deepspeed.accelerator.mps_accelerator", "MPS_Accelerator"),
-}
+
+
+def accelerator_class(name: str):
+    """Where DeepSpeed keeps the accelerator ``DS_ACCELERATOR=name`` selects: its module and
+    class name (``cpu`` -> ``deepspeed.accelerator.cpu_accelerator.CPU_Accelerator``)."""
+    return f"deepspeed.accelerator.{name}_accelerator", f"{name.upper()}_Accelerator"
 
 
 class NcclBackend:

@@ -19,8 +19,6 @@ import torch
 
 def _like(tensors, shape):
     """``tensors`` with each one of the same element count as ``shape`` viewed in it."""
-    if tensors is None:
-        return None
     count = shape.numel()
     return [t.view(shape) if t.shape != shape and t.numel() == count and t.is_contiguous() else t
             for t in tensors]

@@ -157,8 +157,11 @@ def install(activation):
     # Patched at home as well: torch's own new_subgroups*, DeviceMesh and FSDP call
     # distributed_c10d.new_group, and their NCCL requests need translating as the program's.
     c10d = dist.distributed_c10d
-    for name, make in (("init_process_group", make_init_process_group), ("new_group", make_new_group),
-                       ("destroy_process_group", make_destroy_process_group)):
+    patches = [("init_process_group", make_init_process_group), ("new_group", make_new_group),
+               ("destroy_process_group", make_destroy_process_group)]
+    if target.collective != "nccl":         # the tensor shapes NCCL takes, for the library it became
+        patches += [(name, make) for name, make in nccl_shapes.WRAPPERS.items() if hasattr(c10d, name)]
+    for name, make in patches:
         replacement = activation.replace(c10d, name, make)
         if getattr(dist, name) is activation.registry.original(c10d, name):
             activation.registry.set_attr(dist, name, replacement)
@@ -168,13 +171,6 @@ def install(activation):
                            lambda original: _splitting_anywhere(original, c10d, real_new_group))
     activation.replace(dist, "is_nccl_available", lambda original: functools.wraps(original)(
         lambda: dist.is_backend_available(target.collective)))
-    if target.collective != "nccl":
-        for name, make in nccl_shapes.WRAPPERS.items():
-            if not hasattr(c10d, name):
-                continue
-            replacement = activation.replace(c10d, name, make)
-            if getattr(dist, name) is activation.registry.original(c10d, name):
-                activation.registry.set_attr(dist, name, replacement)
 
     if spellings is not None:
         def make_get_backend(original):

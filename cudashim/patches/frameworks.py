@@ -30,7 +30,7 @@ from . import _deepspeed_onebit as onebit
 
 SELECTOR = "DS_ACCELERATOR"
 ACCELERATORS = "deepspeed.accelerator.real_accelerator"
-CPU_ACCELERATOR = "deepspeed.accelerator.cpu_accelerator"
+CPU_ACCELERATOR, _ = onebit.accelerator_class("cpu")
 
 
 def install(activation):
@@ -62,7 +62,7 @@ def install(activation):
 
     wrapt.register_post_import_hook(check_choice, ACCELERATORS)
     wrapt.register_post_import_hook(answer_fp16, CPU_ACCELERATOR)
-    accelerator_module, accelerator_class = onebit.ACCELERATOR_CLASSES[wanted]
+    accelerator_module, accelerator_class = onebit.accelerator_class(wanted)
     wrapt.register_post_import_hook(fill_in_packbits, accelerator_module)
     _serve_the_nccl_backend(activation)
 
