@@ -298,3 +298,43 @@ def test_a_parameter_that_is_a_view_into_a_larger_buffer_is_never_kept():
         assert gathered._version == version                       # nothing to see it by ...
         assert torch.equal(cache.widen(gathered), torch.full((48,), 3.0))   # ... so never kept
         assert cache.widen(own) is cache.widen(own)               # a parameter of its own is
+
+
+def test_a_parameter_given_another_storage_at_the_same_address_is_widened_again():
+    """ZeRO-3 frees a gathered parameter's storage and gathers into a new one, which the
+    allocator may place at the old address; nothing moves the parameter's version."""
+    import numpy as np
+    from cudashim.patches.precision import WideningCache
+    cache = WideningCache(budget_bytes=2 ** 20)
+    memory = np.zeros(48, dtype=np.float16)
+    first, second = torch.from_numpy(memory), torch.from_numpy(memory)   # two storages, one address
+    parameter = torch.nn.Parameter(torch.empty(0, dtype=torch.float16))
+    with torch.no_grad():
+        parameter.data = first
+        assert torch.equal(cache.widen(parameter), torch.zeros(48))
+        memory[:] = 5.0                       # the next gather writes the same memory ...
+        parameter.data = second               # ... and hands the parameter a new storage
+        assert parameter.data_ptr() == first.data_ptr() and parameter._version == 0
+        assert torch.equal(cache.widen(parameter), torch.full((48,), 5.0))
+
+
+def test_an_optimizer_step_drops_the_kept_copies(speeds):
+    """Mixed-precision optimizers copy their float32 master weights back into the float16
+    parameters through ``.data``, which no version counter sees."""
+    speeds(SLOW_BOTH)
+    layer = torch.nn.Linear(8, 8, bias=False).cuda().half()
+    master = torch.nn.Parameter(layer.weight.detach().float())
+    optimizer = torch.optim.SGD([master], lr=1.0)
+    x = torch.ones(1, 8, device="cuda", dtype=HALF)
+    with torch.no_grad():
+        before = layer(x)
+        assert torch.equal(layer(x), before)                  # kept and used again
+    master.grad = torch.ones_like(master)
+    optimizer.step()
+    layer.weight.data.copy_(master)                           # the master weights written back
+    with torch.no_grad():
+        assert torch.allclose(layer(x).float(), before.float() - 8, atol=0.02)   # each weight fell by 1
+    import cudashim
+    cudashim.deactivate()
+    from torch.optim.optimizer import _global_optimizer_post_hooks
+    assert not _global_optimizer_post_hooks                   # the hook goes too

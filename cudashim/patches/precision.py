@@ -45,6 +45,11 @@ def install(activation):
     if policy.widens_float16:
         cache = WideningCache()
         activation.registry.add_undo("float16 weights kept in float32", cache.clear)
+        # An optimizer may write parameters through ``.data`` (master weights copied back
+        # into float16 ones), which no version counter sees: every step drops the copies.
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+        stepped = register_optimizer_step_post_hook(lambda *_: cache.clear())
+        activation.registry.add_undo("kept copies dropped at optimizer steps", stepped.remove)
         for owner, name, first in _FUNCTIONS:
             api = f"{getattr(owner, '__name__', owner)}.{name}"
             activation.replace(owner, name, functools.partial(
@@ -58,12 +63,14 @@ def install(activation):
 class WideningCache:
     """float32 copies of float16 parameters that no gradient flows to, per tensor version.
 
-    The copies cost twice the float16 parameters' memory (what a float32 port holds), up to
-    a quarter of the machine's memory; parameters past that are widened on every call, which
-    is slower but holds nothing."""
+    A copy is used again only while the parameter still holds the same storage (a
+    parameter whose ``.data`` was replaced, as ZeRO-3 does at every gather, may get a new
+    storage at the old address) at the same version. The copies cost twice the float16
+    parameters' memory (what a float32 port holds), up to a quarter of the machine's memory;
+    parameters past that are widened on every call, which is slower but holds nothing."""
 
     def __init__(self, budget_bytes: int = None):
-        self.copies = {}                      # id(parameter) -> (weak ref, version, data_ptr, copy)
+        self.copies = {}              # id(parameter) -> (weak ref, version, weak storage, copy)
         self.budget = _quarter_of_memory() if budget_bytes is None else budget_bytes
         self.held = 0
 
@@ -74,8 +81,9 @@ class WideningCache:
             return tensor.float()
         key = id(tensor)
         kept = self.copies.get(key)
+        storage = tensor.untyped_storage()            # one Python object while it lives
         if kept is not None and kept[0]() is tensor and kept[1] == tensor._version \
-                and kept[2] == tensor.data_ptr():
+                and kept[2]() is storage:
             return kept[3]
         wide = tensor.detach().float()
         size = wide.numel() * wide.element_size()
@@ -83,7 +91,7 @@ class WideningCache:
             self._forget(key)
         if self.held + size <= self.budget:
             self.copies[key] = (weakref.ref(tensor, lambda _, key=key: self._forget(key)),
-                                tensor._version, tensor.data_ptr(), wide)
+                                tensor._version, weakref.ref(storage), wide)
             self.held += size
         return wide
 
