@@ -388,6 +388,37 @@ def test_apex_normalization_is_torchs(shim):
     torch.testing.assert_close(out.float(), torch.nn.LayerNorm(8)(half.float()), atol=1e-2, rtol=1e-2)
 
 
+@pytest.mark.parametrize("name, args, settings, reference", [
+    ("FusedLayerNormAffineFunction", (8, 8), ((8,), 1e-5),
+     lambda x, w, b: F.layer_norm(x, (8,), w, b, 1e-5)),
+    ("FusedLayerNormAffineMixedDtypesFunction", (8, 8), ((8,), 1e-5),
+     lambda x, w, b: F.layer_norm(x.float(), (8,), w.float(), b.float(), 1e-5).to(x.dtype)),
+    ("FusedLayerNormFunction", (), ((8,), 1e-5), lambda x: F.layer_norm(x, (8,), None, None, 1e-5)),
+    ("FusedRMSNormAffineFunction", (8,), (8, 1e-6), lambda x, w: F.rms_norm(x, (8,), w, 1e-6)),
+    ("FusedRMSNormAffineMixedDtypesFunction", (8,), (8, 1e-6),
+     lambda x, w: F.rms_norm(x.float(), (8,), w.float(), 1e-6).to(x.dtype)),
+    ("FusedRMSNormFunction", (), (8, 1e-6), lambda x: F.rms_norm(x, (8,), None, 1e-6)),
+])
+def test_apex_normalization_functions_are_autograd_functions(shim, name, args, settings, reference):
+    """Megatron calls them as ``.apply`` and reads ``forward``'s arguments."""
+    import inspect
+    from apex.normalization import fused_layer_norm
+    function = getattr(fused_layer_norm, name)
+    assert issubclass(function, torch.autograd.Function)
+    assert "memory_efficient" in inspect.getfullargspec(function.forward).args
+    x = torch.randn(3, 8, requires_grad=True)
+    weights = [torch.randn(n, requires_grad=True) for n in args]
+    out = function.apply(x, *weights, *settings, False)
+    grad = torch.randn_like(out)
+    grads = torch.autograd.grad(out, [x, *weights], grad)
+    expected = reference(x, *weights)
+    torch.testing.assert_close(out, expected)
+    for got, want in zip(grads, torch.autograd.grad(expected, [x, *weights], grad)):
+        torch.testing.assert_close(got, want)
+    frozen = function.apply(x.detach(), *[w.detach() for w in weights], *settings)
+    assert not frozen.requires_grad and frozen._base is None      # Megatron frees outputs' storage
+
+
 def test_apex_amp_scales_the_loss_and_skips_a_step_that_overflowed(shim):
     from apex import amp
     from apex.optimizers import FusedAdam

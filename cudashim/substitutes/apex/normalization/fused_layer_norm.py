@@ -48,18 +48,69 @@ def mixed_dtype_fused_rms_norm_affine(input, weight, normalized_shape, eps=1e-6,
     return F.rms_norm(input.float(), _shape(normalized_shape), weight.float(), eps).to(input.dtype)
 
 
-class FusedLayerNormAffineFunction:
-    """The autograd function Megatron-style code calls as ``.apply(...)``."""
+class _OnTorchKernels(torch.autograd.Function):
+    """apex's normalization functions are autograd Functions that code calls as ``.apply``
+    and inspects (Megatron reads ``forward``'s arguments for ``memory_efficient``). Here
+    each ``forward`` runs the torch function above with autograd on, and ``backward``
+    differentiates through what it recorded: torch's own kernels are the fused ones."""
 
     @staticmethod
-    def apply(input, weight, bias, normalized_shape, eps, memory_efficient=False):
-        return fused_layer_norm_affine(input, weight, bias, normalized_shape, eps)
+    def _run(ctx, compute, tensors, settings):
+        inputs = [None if t is None else t.detach().requires_grad_(needed)
+                  for t, needed in zip(tensors, ctx.needs_input_grad)]
+        with torch.enable_grad():
+            output = compute(*inputs, *settings)
+        ctx.recorded, ctx.settings = (output, inputs), len(settings)
+        return output.detach()
 
-
-class FusedRMSNormAffineFunction:
     @staticmethod
-    def apply(input, weight, normalized_shape, eps, memory_efficient=False):
-        return fused_rms_norm_affine(input, weight, normalized_shape, eps)
+    def backward(ctx, grad_output):
+        output, inputs = ctx.recorded
+        wanted = [t for t in inputs if t is not None and t.requires_grad]
+        grads = iter(torch.autograd.grad(output, wanted, grad_output) if wanted else ())
+        del ctx.recorded
+        return (*(next(grads) if t is not None and t.requires_grad else None for t in inputs),
+                *(None,) * ctx.settings)
+
+
+class FusedLayerNormAffineFunction(_OnTorchKernels):
+    @staticmethod
+    def forward(ctx, input, weight, bias, normalized_shape, eps, memory_efficient=False):
+        return _OnTorchKernels._run(ctx, fused_layer_norm_affine, (input, weight, bias),
+                                    (normalized_shape, eps, memory_efficient))
+
+
+class FusedLayerNormAffineMixedDtypesFunction(_OnTorchKernels):
+    @staticmethod
+    def forward(ctx, input, weight, bias, normalized_shape, eps, memory_efficient=False):
+        return _OnTorchKernels._run(ctx, mixed_dtype_fused_layer_norm_affine, (input, weight, bias),
+                                    (normalized_shape, eps, memory_efficient))
+
+
+class FusedLayerNormFunction(_OnTorchKernels):
+    @staticmethod
+    def forward(ctx, input, normalized_shape, eps, memory_efficient=False):
+        return _OnTorchKernels._run(ctx, fused_layer_norm, (input,), (normalized_shape, eps, memory_efficient))
+
+
+class FusedRMSNormAffineFunction(_OnTorchKernels):
+    @staticmethod
+    def forward(ctx, input, weight, normalized_shape, eps, memory_efficient=False):
+        return _OnTorchKernels._run(ctx, fused_rms_norm_affine, (input, weight),
+                                    (normalized_shape, eps, memory_efficient))
+
+
+class FusedRMSNormAffineMixedDtypesFunction(_OnTorchKernels):
+    @staticmethod
+    def forward(ctx, input, weight, normalized_shape, eps, memory_efficient=False):
+        return _OnTorchKernels._run(ctx, mixed_dtype_fused_rms_norm_affine, (input, weight),
+                                    (normalized_shape, eps, memory_efficient))
+
+
+class FusedRMSNormFunction(_OnTorchKernels):
+    @staticmethod
+    def forward(ctx, input, normalized_shape, eps, memory_efficient=False):
+        return _OnTorchKernels._run(ctx, fused_rms_norm, (input,), (normalized_shape, eps, memory_efficient))
 
 
 class FusedLayerNorm(torch.nn.LayerNorm):
