@@ -34,6 +34,26 @@ def test_rng_calls_drive_the_cpu_generator(shim):
     assert len(torch.cuda.get_rng_state_all()) == torch.cuda.device_count()
 
 
+def test_rng_trackers_setting_states_through_lazy_call_take_effect(shim):
+    """Megatron's and DeepSpeed's trackers (copied from torch.cuda.random) set a state in a
+    call back handed to ``torch.cuda._lazy_call``; torch holds it until CUDA initializes,
+    which it never does under the shim."""
+    from torch.cuda import _lazy_call, _lazy_init
+    _lazy_init()                                   # the target is ready: nothing to refuse
+    torch.cuda.manual_seed(5)
+    saved = torch.cuda.get_rng_state()
+    expected = torch.rand(3, device="cuda")
+    torch.cuda.manual_seed(9)
+
+    def set_state():
+        torch.cuda.default_generators[torch.cuda.current_device()].set_state(saved)
+
+    _lazy_call(set_state)
+    assert torch.equal(torch.rand(3, device="cuda"), expected)
+    real = shim.get_original(torch, "cuda")
+    assert torch.cuda._lazy_call is not real._lazy_call and torch.cuda._sleep is real._sleep
+
+
 def test_event_timing_is_measured(shim):
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()

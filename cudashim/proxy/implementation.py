@@ -25,6 +25,9 @@ from .forwarders import device_index, forwarded_as
 class Implementation:
     """The names of one ``torch.cuda`` module that cudashim implements itself."""
     module: ClassVar[str] = ""             # the module's name
+    # Private names that programs and libraries call (copied from torch.cuda's own code):
+    # implemented like public ones. Every other private name falls through to torch.
+    private: ClassVar[Tuple[str, ...]] = ()
 
     def __init__(self, activation, real_module):
         self.backend = activation.backend
@@ -46,12 +49,29 @@ class Implementation:
     def exports(self) -> Dict[str, object]:
         """name -> the object the proxy binds; subclasses add their ``extra_names()``."""
         extra = set(self.extra_names())
-        return {name: getattr(self, name) for name in self.implements() if name not in extra}
+        return {name: getattr(self, name) for name in self.implements() + self.private
+                if name not in extra}
 
 
 class TorchCuda(Implementation):
     """``torch.cuda`` itself."""
     module = "torch.cuda"
+    private = ("_lazy_call", "_lazy_init")
+
+    # --- lazy initialization ----------------------------------------------------------
+    # Megatron's and DeepSpeed's RNG trackers set generator states through
+    # ``torch.cuda._lazy_call``, which holds a call back until CUDA initializes. CUDA never
+    # does under the shim, so their states would silently never be set (tensor-parallel
+    # ranks then initialize their replicated weights differently). The device the program
+    # calls CUDA is the target's, and it is ready now.
+    def _lazy_init(self) -> None:
+        target_init = getattr(self.backend.module, "_lazy_init", None)
+        if target_init is not None:
+            target_init()
+
+    def _lazy_call(self, callable, **kwargs) -> None:
+        self._lazy_init()
+        callable()
 
     # --- devices ----------------------------------------------------------------------
     def set_device(self, device) -> None:

@@ -57,6 +57,11 @@ def build_proxies(real_top, activation) -> Dict[str, types.ModuleType]:
             else:
                 value = _bind(real, name, real_top, proxies, bound, activation)
             setattr(proxy, name, value)
+    for name, cls in IMPLEMENTATIONS.items():
+        for private in cls.private if name in by_name else ():
+            setattr(proxies[name], private, answer_by_caller(
+                f"{name}.{private}", getattr(by_name[name], private), bound[name][private],
+                f"cudashim on {activation.backend.name}", activation.report, activation.compiled))
     return proxies
 
 
