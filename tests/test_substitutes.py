@@ -410,7 +410,8 @@ def test_apex_normalization_functions_are_autograd_functions(shim, name, args, s
     weights = [torch.randn(n, requires_grad=True) for n in args]
     out = function.apply(x, *weights, *settings, False)
     grad = torch.randn_like(out)
-    grads = torch.autograd.grad(out, [x, *weights], grad)
+    grads = torch.autograd.grad(out, [x, *weights], grad, retain_graph=True)
+    assert all(torch.equal(a, b) for a, b in zip(grads, torch.autograd.grad(out, [x, *weights], grad)))
     expected = reference(x, *weights)
     torch.testing.assert_close(out, expected)
     for got, want in zip(grads, torch.autograd.grad(expected, [x, *weights], grad)):

@@ -6,9 +6,10 @@ scaled_dot_product_attention, and the Tensor methods and ``@``) computes float16
 float32 and rounds the result to float16 once, as CUDA's tensor cores accumulate. Tensors
 keep their dtype. A call whose first tensor is not float16 goes straight to torch after one
 dtype check; a call with float16 inputs mixed with other dtypes is torch's to judge; inside
-an autocast region autocast decides. Parameters no gradient flows to (inference) are
-widened once per version and kept, so ``model.half()`` generation does not convert every
-weight on every token.
+an autocast region autocast decides. Parameters no gradient flows to (inference, and the
+forward of autograd Functions such as Megatron's tensor-parallel layers) are widened once
+per version and storage and kept until the next optimizer step, so ``model.half()``
+generation does not convert every weight on every token.
 
 Where the target has a reduced-precision float32 matmul, the program's own TF32 flags
 (``torch.backends.cuda.matmul.allow_tf32``, ``...matmul.fp32_precision``,

@@ -67,8 +67,9 @@ class _OnTorchKernels(torch.autograd.Function):
     def backward(ctx, grad_output):
         output, inputs = ctx.recorded
         wanted = [t for t in inputs if t is not None and t.requires_grad]
-        grads = iter(torch.autograd.grad(output, wanted, grad_output) if wanted else ())
-        del ctx.recorded
+        # The recording lives as long as this node (``retain_graph`` may call it again),
+        # as apex's saved tensors do.
+        grads = iter(torch.autograd.grad(output, wanted, grad_output, retain_graph=True) if wanted else ())
         return (*(next(grads) if t is not None and t.requires_grad else None for t in inputs),
                 *(None,) * ctx.settings)
 
