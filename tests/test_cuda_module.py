@@ -54,6 +54,16 @@ def test_rng_trackers_setting_states_through_lazy_call_take_effect(shim):
     assert torch.cuda._lazy_call is not real._lazy_call and torch.cuda._sleep is real._sleep
 
 
+def test_torch_cudas_device_index_parser_takes_the_programs_devices(shim):
+    parse = torch.cuda._get_device_index
+    assert parse("cuda:0") == parse(0) == parse(torch.device("cuda", 0)) == parse(torch.cuda.device(0)) == 0
+    assert parse(None, optional=True) == parse("cuda", optional=True) == torch.cuda.current_device()
+    assert parse("cpu", allow_cpu=True) == -1
+    for bad in (None, "cuda", "mps:0"):
+        with pytest.raises(ValueError):
+            parse(bad)
+
+
 def test_event_timing_is_measured(shim):
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()

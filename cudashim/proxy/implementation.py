@@ -56,7 +56,24 @@ class Implementation:
 class TorchCuda(Implementation):
     """``torch.cuda`` itself."""
     module = "torch.cuda"
-    private = ("_lazy_call", "_lazy_init")
+    private = ("_get_device_index", "_lazy_call", "_lazy_init")
+
+    def _get_device_index(self, device, optional: bool = False, allow_cpu: bool = False) -> int:
+        """torch.cuda's own device-argument parser, which libraries call (torch/cuda/_utils)."""
+        names_the_cpu = device == "cpu" or (isinstance(device, torch.device) and device.type == "cpu"
+                                            and self.backend.device_type != "cpu")
+        if allow_cpu and names_the_cpu:
+            return -1
+        if isinstance(device, self.device):
+            return device.idx
+        index = self.idx(device, optional=True)
+        if index is not None:
+            return index
+        # torch.cuda refuses a device without an index unless told it may be the current
+        # one. CUDA devices on the CPU backend are the CPU, which has no index: current.
+        if not optional and (device is None or str(device) == "cuda"):
+            raise ValueError(f"Expected a torch.device with a specified index or an integer, but got:{device}")
+        return self.backend.current_device()
 
     # --- lazy initialization ----------------------------------------------------------
     # Megatron's and DeepSpeed's RNG trackers set generator states through
