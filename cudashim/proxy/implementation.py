@@ -60,7 +60,7 @@ class TorchCuda(Implementation):
 
     def _get_device_index(self, device, optional: bool = False, allow_cpu: bool = False) -> int:
         """torch.cuda's own device-argument parser, which libraries call (torch/cuda/_utils)."""
-        names_the_cpu = device == "cpu" or (isinstance(device, torch.device) and device.type == "cpu"
+        names_the_cpu = device == "cpu" or (isinstance(device, torch._C.device) and device.type == "cpu"
                                             and self.backend.device_type != "cpu")
         if allow_cpu and names_the_cpu:
             return -1
