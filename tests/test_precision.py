@@ -338,3 +338,17 @@ def test_an_optimizer_step_drops_the_kept_copies(speeds):
     cudashim.deactivate()
     from torch.optim.optimizer import _global_optimizer_post_hooks
     assert not _global_optimizer_post_hooks                   # the hook goes too
+
+
+def test_once_an_optimizer_steps_only_frozen_parameters_are_kept():
+    """Training writes parameters in ways no version counter sees (ZeRO-3 gathers updated
+    shards into a parameter's memory); inference processes never step an optimizer."""
+    from cudashim.patches.precision import WideningCache
+    cache = WideningCache(budget_bytes=2 ** 20)
+    trained = torch.nn.Parameter(torch.ones(8, dtype=torch.float16))
+    frozen = torch.nn.Parameter(torch.ones(8, dtype=torch.float16), requires_grad=False)
+    with torch.no_grad():
+        assert cache.widen(trained) is cache.widen(trained)      # generation: kept
+        cache.optimizer_stepped()
+        assert cache.widen(trained) is not cache.widen(trained)  # training: widened each call
+        assert cache.widen(frozen) is cache.widen(frozen)

@@ -8,8 +8,8 @@ keep their dtype. A call whose first tensor is not float16 goes straight to torc
 dtype check; a call with float16 inputs mixed with other dtypes is torch's to judge; inside
 an autocast region autocast decides. Parameters no gradient flows to (inference, and the
 forward of autograd Functions such as Megatron's tensor-parallel layers) are widened once
-per version and storage and kept until the next optimizer step, so ``model.half()``
-generation does not convert every weight on every token.
+per version and storage and kept, so ``model.half()`` generation does not convert every
+weight on every token; once an optimizer steps, only frozen parameters are kept.
 
 Where the target has a reduced-precision float32 matmul, the program's own TF32 flags
 (``torch.backends.cuda.matmul.allow_tf32``, ``...matmul.fp32_precision``,
@@ -47,9 +47,11 @@ def install(activation):
         cache = WideningCache()
         activation.registry.add_undo("float16 weights kept in float32", cache.clear)
         # An optimizer may write parameters through ``.data`` (master weights copied back
-        # into float16 ones), which no version counter sees: every step drops the copies.
+        # into float16 ones, ZeRO-3 gathering updated shards into a parameter's memory),
+        # which no version counter sees: a process that trains keeps no copies of the
+        # parameters it trains.
         from torch.optim.optimizer import register_optimizer_step_post_hook
-        stepped = register_optimizer_step_post_hook(lambda *_: cache.clear())
+        stepped = register_optimizer_step_post_hook(lambda *_: cache.optimizer_stepped())
         activation.registry.add_undo("kept copies dropped at optimizer steps", stepped.remove)
         for owner, name, first in _FUNCTIONS:
             api = f"{getattr(owner, '__name__', owner)}.{name}"
@@ -66,7 +68,8 @@ class WideningCache:
 
     A copy is used again only while the parameter still holds the same storage (a
     parameter whose ``.data`` was replaced, as ZeRO-3 does at every gather, may get a new
-    storage at the old address) at the same version. The copies cost twice the float16
+    storage at the old address) at the same version, and parameters that require grad are
+    kept only until an optimizer first steps. The copies cost twice the float16
     parameters' memory (what a float32 port holds), up to a quarter of the machine's memory;
     parameters past that are widened on every call, which is slower but holds nothing."""
 
@@ -74,10 +77,11 @@ class WideningCache:
         self.copies = {}              # id(parameter) -> (weak ref, version, weak storage, copy)
         self.budget = _quarter_of_memory() if budget_bytes is None else budget_bytes
         self.held = 0
+        self.trains = False           # an optimizer has stepped in this process
 
     def widen(self, tensor):
-        if not isinstance(tensor, torch.nn.Parameter) or (tensor.requires_grad
-                                                          and torch.is_grad_enabled()) \
+        if not isinstance(tensor, torch.nn.Parameter) \
+                or (tensor.requires_grad and (self.trains or torch.is_grad_enabled())) \
                 or not _owns_its_storage(tensor):
             return tensor.float()
         key = id(tensor)
@@ -104,6 +108,11 @@ class WideningCache:
     def clear(self):
         self.copies.clear()
         self.held = 0
+
+    def optimizer_stepped(self):
+        """From now on parameters that require grad are trained here: none is kept."""
+        self.trains = True
+        self.clear()
 
 
 def _owns_its_storage(parameter) -> bool:
