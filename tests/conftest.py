@@ -57,6 +57,14 @@ def python(*args, env=None, cwd=None, timeout=300, input=None):
                           cwd=cwd or ROOT, timeout=timeout, input=input)
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def torchrun(*args, nproc=2, timeout=300, env=None, shim_options=()):
     """``python -m cudashim [shim_options] -m torch.distributed.run --standalone ...``."""
     return python("-m", "cudashim", *shim_options, "-m", "torch.distributed.run", "--standalone",
@@ -66,10 +74,7 @@ def torchrun(*args, nproc=2, timeout=300, env=None, shim_options=()):
 def torchrun_two_nodes(*args, env=None, timeout=240):
     """Two torchrun "nodes" of one process each on 127.0.0.1, both under the launcher;
     return [(returncode, stderr)] per node."""
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     full_env = _clean_env()
     full_env.pop("PYTHONPATH", None)
     full_env.update(env or {})

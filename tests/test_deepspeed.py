@@ -6,11 +6,10 @@ its CPU ops (shared-memory allreduce, fused Adam, CPU Adam) with the compiler on
 """
 
 import json
-import socket
 
 import pytest
 
-from conftest import ROOT, python
+from conftest import ROOT, free_port, python
 
 pytest.importorskip("deepspeed")
 
@@ -19,15 +18,9 @@ BACKENDS = str(ROOT / "tests" / "programs" / "onebit_backend.py")
 BUILDS = 1200                        # the first run may build DeepSpeed's CPU ops
 
 
-def _port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _one_rank(tmp_path, *options, shim=("-m", "cudashim"), program=PROGRAM, env=()):
     env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(_port()), **dict(env)}
+           "MASTER_PORT": str(free_port()), **dict(env)}
     out = tmp_path / "out.json"
     result = python(*shim, program, *options, "--checkpoint", str(tmp_path / "checkpoints"),
                     "--out", str(out), env=env, timeout=BUILDS)
@@ -40,7 +33,7 @@ def _two_ranks(tmp_path, *options, program=PROGRAM):
     if program == PROGRAM:
         options += ("--checkpoint", str(tmp_path / "checkpoints"))
     result = python("-m", "cudashim", "-m", "deepspeed.launcher.runner", "--num_gpus", "2",
-                    "--master_port", str(_port()), program, *options, "--out", str(out), timeout=BUILDS)
+                    "--master_port", str(free_port()), program, *options, "--out", str(out), timeout=BUILDS)
     assert result.returncode == 0, result.stderr[-4000:]
     return json.loads(out.read_text())
 

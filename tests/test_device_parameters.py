@@ -4,13 +4,12 @@ work the way programs call them: on the CPU and on a fake accelerator."""
 import importlib
 import inspect
 import os
-import socket
 import warnings
 
 import pytest
 import torch
 
-from conftest import install_fake
+from conftest import free_port, install_fake
 
 from cudashim.patches import GROUPS, device_parameters, group_module
 
@@ -79,15 +78,9 @@ def test_every_parameter_an_install_translates_is_patched_while_active():
 
 
 # --- the way programs call them --------------------------------------------------------
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _one_rank_group(**kwargs):
     import torch.distributed as dist
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("nccl", rank=0, world_size=1, **kwargs)
     return dist
 

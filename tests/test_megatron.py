@@ -7,11 +7,10 @@ Megatron-LM's ``pretrain_gpt.py`` makes through ``megatron.training``, which is 
 
 import json
 import math
-import socket
 
 import pytest
 
-from conftest import ROOT, python
+from conftest import ROOT, torchrun
 
 pytest.importorskip("megatron.core")
 
@@ -19,15 +18,8 @@ PROGRAM = str(ROOT / "tests" / "programs" / "megatron_gpt.py")
 SAVED_AT, STEPS, RESUMED = 5, 8, 3
 
 
-def _port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _two_ranks(out, *options):
-    result = python("-m", "cudashim", "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                    "--master_port", str(_port()), PROGRAM, *options, "--out", str(out), timeout=600)
+    result = torchrun(PROGRAM, *options, "--out", str(out), timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
 

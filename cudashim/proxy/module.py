@@ -57,8 +57,10 @@ def build_proxies(real_top, activation) -> Dict[str, types.ModuleType]:
             else:
                 value = _bind(real, name, real_top, proxies, bound, activation)
             setattr(proxy, name, value)
-    for name, cls in IMPLEMENTATIONS.items():
-        for private in cls.private if name in by_name else ():
+    for name, cls in IMPLEMENTATIONS.items():          # the private names programs call
+        if name not in by_name:
+            continue
+        for private in cls.private:
             setattr(proxies[name], private, answer_by_caller(
                 f"{name}.{private}", getattr(by_name[name], private), bound[name][private],
                 f"cudashim on {activation.backend.name}", activation.report, activation.compiled))
