@@ -126,3 +126,15 @@ def test_eager_init_with_a_cuda_device_id_and_device_generic_helpers():
     assert result.returncode == 0, result.stderr[-3000:]
     for rank in (0, 1):
         assert f"rank {rank}: bound nccl, torch.cpu, True, torch.bfloat16" in result.stdout
+
+
+def test_collectives_written_for_nccl_complete_in_the_order_they_were_issued(tmp_path):
+    """NCCL finishes a group's collectives in issue order, and DeepSpeed's ZeRO-3 waits on
+    the last of its gathers only; gloo's threads finish them in any order. No buffer is read
+    before its gather has filled it, whichever way the program learns that the last is done."""
+    result = torchrun("tests/programs/collective_order.py", "--out", str(tmp_path / "order"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    for rank in (0, 1):
+        unfilled = json.loads((tmp_path / f"order.rank{rank}.json").read_text())
+        assert set(unfilled) == {"wait_on_last", "blocking_after", "is_completed", "future", "subgroup"}
+        assert not any(unfilled.values()), (rank, unfilled)

@@ -55,6 +55,10 @@ class NcclGroupExit:
             self._registry.add_undo("atexit: end the groups made from NCCL",
                                     lambda: atexit.unregister(self.finish))
 
+    def knows(self, group) -> bool:
+        """Whether ``group`` was made for an NCCL request."""
+        return group in self._groups
+
     def has_default(self) -> bool:
         """Whether the default group came from an NCCL request (its subgroups inherit it)."""
         return self._dist.is_initialized() and \

@@ -12,7 +12,7 @@ import weakref
 import torch
 
 from ..callers import hears_truth
-from . import _nccl_shapes as nccl_shapes
+from . import _nccl_order as nccl_order, _nccl_shapes as nccl_shapes
 from ._group_exit import NcclGroupExit
 from .rewriter import BOUND_DEVICE, BOUND_DEVICES, BOUND_INDICES, DEVICE, DEVICE_TYPE, \
     Argument, Rewrite, rewrite, rewritten
@@ -159,8 +159,8 @@ def install(activation):
     c10d = dist.distributed_c10d
     patches = [("init_process_group", make_init_process_group), ("new_group", make_new_group),
                ("destroy_process_group", make_destroy_process_group)]
-    if target.collective != "nccl":         # the tensor shapes NCCL takes, for the library it became
-        patches += [(name, make) for name, make in nccl_shapes.WRAPPERS.items() if hasattr(c10d, name)]
+    if target.collective != "nccl":         # NCCL's shapes and order, for the library it became
+        patches += _nccl_semantics(c10d, nccl_groups)
     for name, make in patches:
         replacement = activation.replace(c10d, name, make)
         if getattr(dist, name) is activation.registry.original(c10d, name):
@@ -187,6 +187,25 @@ def install(activation):
             return functools.wraps(original)(get_backend)
 
         activation.replace(dist, "get_backend", make_get_backend)
+
+
+def _nccl_semantics(c10d, nccl_groups) -> list:
+    """(name, make) for each collective that needs NCCL's tensor shapes or its issue order
+    kept on the library NCCL became: one wrapper per name, the shapes outermost."""
+    def completes_out_of_order(group) -> bool:
+        library = c10d._world.pg_map.get(group, (None,))[0]
+        return nccl_groups.knows(group) and library is not None and any(
+            part.rpartition(":")[2] in nccl_order.COMPLETES_OUT_OF_ORDER
+            for part in str(library).split(","))
+
+    ordered = nccl_order.in_issue_order(nccl_order.IssueOrder(c10d, completes_out_of_order))
+    names = nccl_order.collectives(c10d)
+    names += [name for name in nccl_shapes.WRAPPERS if hasattr(c10d, name) and name not in names]
+
+    def make(name):
+        shaped = nccl_shapes.WRAPPERS.get(name, lambda original: original)
+        return lambda original: shaped(ordered(original))
+    return [(name, make(name)) for name in names]
 
 
 def _splitting_anywhere(original, c10d, new_group):
