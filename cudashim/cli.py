@@ -10,13 +10,21 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import List, Optional
 
 from . import __version__, _settings, backends
 
+# python's own options, which the launcher takes as python does (``python -m cudashim -O -W
+# error train.py``). Most act only as the interpreter starts, so the launcher starts python
+# again with them: flags python counts (-OO, -vv), then the two that take a value.
+_PYTHON_FLAGS = "bBdEiIOPqRsSuvx"
+_PYTHON_VALUES = {"-W": "warning control, as python's -W", "-X": "implementation option, as python's -X"}
+
 # Options that take a value, so that split_program() steps over it.
-_VALUE_OPTIONS = {option.flag for option in _settings.OPTIONS if option.metavar or option.choices}
+_VALUE_OPTIONS = {option.flag for option in _settings.OPTIONS if option.metavar or option.choices} \
+    | set(_PYTHON_VALUES)
 
 
 def _add_setting_options(parser: argparse.ArgumentParser) -> None:
@@ -39,6 +47,13 @@ def run_parser(prog: str) -> argparse.ArgumentParser:
                                "machine has (or its CPU).")
     parser.add_argument("--version", action="version", version=f"cudashim {__version__}")
     _add_setting_options(parser)
+    python_options = parser.add_argument_group(
+        "python's options", f"-{' -'.join(_PYTHON_FLAGS)}, -W ARG and -X OPT mean what they mean to python")
+    for flag in _PYTHON_FLAGS:
+        python_options.add_argument(f"-{flag}", action="count", dest=f"python_{flag}", help=argparse.SUPPRESS)
+    for flag, help_text in _PYTHON_VALUES.items():
+        python_options.add_argument(flag, action="append", dest=f"python_{flag[1]}", metavar="ARG",
+                                    help=argparse.SUPPRESS)
     program = parser.add_mutually_exclusive_group()
     program.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script")
     program.add_argument("-c", dest="code", metavar="CODE", help="run the program passed as a string")
@@ -77,6 +92,12 @@ def run_main(argv: Optional[List[str]] = None, prog: str = "python -m cudashim")
     if ns.script is not None:
         launcher.check_script(ns.script)
     launcher.export_to_children(settings)
+    interpreter_options = _python_options(ns)
+    if interpreter_options:                    # the settings travel in the environment
+        program = ["-m", ns.module] if ns.module is not None else \
+            ["-c", ns.code] if ns.code is not None else [ns.script]
+        os.execv(sys.executable, [sys.executable, *interpreter_options, "-m", "cudashim",
+                                  *program, *program_args])
     _activate(settings)
     if ns.code is not None:
         launcher.run("code", ns.code, program_args)
@@ -84,6 +105,16 @@ def run_main(argv: Optional[List[str]] = None, prog: str = "python -m cudashim")
         launcher.run("module", ns.module, program_args)
     else:
         launcher.run("script", ns.script, program_args)
+
+
+def _python_options(ns) -> List[str]:
+    """python's own options as given, in python's spelling."""
+    options = [f"-{flag * getattr(ns, f'python_{flag}')}" for flag in _PYTHON_FLAGS
+               if getattr(ns, f"python_{flag}")]
+    for flag in _PYTHON_VALUES:
+        for value in getattr(ns, f"python_{flag[1]}") or ():
+            options += [flag, value]
+    return options
 
 
 def _load_settings(parser, ns):

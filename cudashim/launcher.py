@@ -7,10 +7,14 @@
 
 from __future__ import annotations
 
+import builtins
+import functools
+import importlib.machinery
 import os
 import runpy
 import sys
 import types
+import zipfile
 from pathlib import Path
 
 from . import _settings
@@ -49,38 +53,62 @@ def check_script(path: str) -> None:
 
 
 def run(kind: str, target: str, args: list) -> None:
-    """kind is "script", "module" or "code". Returns normally or raises SystemExit."""
+    """kind is "script", "module" or "code". Runs the program in a new ``__main__`` module, as
+    python does; returns normally or raises (python's own handling then prints the error and
+    sets the exit status: 1, or death by SIGINT for an uncaught KeyboardInterrupt)."""
+    main = types.ModuleType("__main__")       # as the interpreter makes it at start-up
+    main.__dict__.update(__builtins__=builtins, __annotations__={},
+                         __loader__=importlib.machinery.BuiltinImporter)
+    sys.modules["__main__"] = main
     try:
-        if kind == "script":
+        if kind == "script" and not _runs_as_a_folder(target):
+            path = os.path.abspath(target)
             sys.argv = [target] + args
             sys.path[0] = os.path.dirname(os.path.realpath(target))
-            runpy.run_path(target, run_name="__main__")
+            main.__dict__.update(__file__=path, __cached__=None,
+                                 __loader__=importlib.machinery.SourceFileLoader("__main__", path))
+            with open(path, "rb") as source:
+                code = compile(source.read(), path, "exec", dont_inherit=True)
+            exec(code, main.__dict__)
+        elif kind == "script":                   # a folder or zip file with a __main__.py
+            sys.argv = [target] + args
+            sys.path[0] = os.path.abspath(target)
+            runpy._run_module_as_main("__main__", alter_argv=False)
         elif kind == "module":
-            sys.argv = [target] + args                # runpy replaces argv[0] with the file
+            sys.argv = [target] + args               # runpy replaces argv[0] with the file
             sys.path[0] = os.getcwd()
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
+            runpy._run_module_as_main(target, alter_argv=True)
         else:
             sys.argv = ["-c"] + args
             sys.path[0] = ""
-            main = types.ModuleType("__main__")
-            main.__dict__["__builtins__"] = __builtins__
-            sys.modules["__main__"] = main
-            exec(compile(target, "<string>", "exec"), main.__dict__)
+            exec(compile(target, "<string>", "exec", dont_inherit=True), main.__dict__)
     except SystemExit:
         raise
-    except BaseException as exc:
-        trimmed = _user_traceback(exc.__traceback__)
-        sys.excepthook(type(exc), exc.with_traceback(trimmed), trimmed)
-        raise SystemExit(130 if isinstance(exc, KeyboardInterrupt) else 1) from None
+    except BaseException:
+        # Python prints it through sys.excepthook when it leaves the interpreter's main: from
+        # the program's first frame on, as python would show it.
+        sys.excepthook = functools.partial(_from_the_program_on, sys.excepthook)
+        raise
+
+
+def _runs_as_a_folder(target: str) -> bool:
+    return os.path.isdir(target) or zipfile.is_zipfile(target)
+
+
+def _from_the_program_on(excepthook, kind, value, tb):
+    tb = _user_traceback(tb)
+    if isinstance(value, BaseException):       # python prints the exception's own traceback
+        value = value.with_traceback(tb)
+    excepthook(kind, value, tb)
 
 
 def _user_traceback(tb):
-    """Drop the launcher's and runpy's frames, so the traceback reads as under python."""
-    first = tb
+    """Drop the launcher's and runpy's frames, so the traceback reads as under python; none
+    is left where the program never ran (a syntax error, which python shows without one)."""
     while tb is not None:
         filename = tb.tb_frame.f_code.co_filename
         if not (filename.startswith(str(PACKAGE_DIR)) or os.path.basename(filename) == "runpy.py"
                 or filename.startswith("<frozen runpy")):
             return tb
         tb = tb.tb_next
-    return first
+    return None

@@ -138,3 +138,87 @@ def test_cudashim_command_run_and_doctor():
     for expected in ("torch 2.", "chosen backend: cpu", "collectives: NCCL becomes 'gloo'",
                      "policies:", "vendor packages:", "self-check: pass"):
         assert expected in doctor.stdout
+
+
+# --- the launcher is python: the same program, the same answers --------------------------
+PATHS = """
+import sys, __main__
+def f(x: int): pass
+print(__file__, sys.argv, sys.path[0], __name__, __package__, __spec__ and __spec__.name, __cached__)
+print(type(__loader__).__name__, __main__.__file__, __main__.__dict__ is globals())
+print(sorted(name for name in globals() if name.startswith('__')), f.__annotations__)
+"""
+THREAD = """
+import threading
+def work(): raise RuntimeError('in a thread')
+thread = threading.Thread(target=work, name='worker'); thread.start(); thread.join()
+print('main goes on')
+"""
+ENDINGS = """
+import atexit, sys
+atexit.register(lambda: print('registered first, runs last', file=sys.stderr))
+atexit.register(lambda: print('registered last, runs first', file=sys.stderr))
+try:
+    {body}
+finally:
+    print('finally', file=sys.stderr)
+"""
+WARNINGS = """
+import sys, warnings, torch
+print(sys.warnoptions, [f[0] for f in warnings.filters[:3]])
+warnings.warn('deprecated here', DeprecationWarning)
+warnings.warn('a user warning')
+print('after the warnings')
+"""
+FLAGS = """
+import sys
+print(__debug__, sys.flags.optimize, sys.flags.dev_mode, sys.stdout.write_through, sys.flags.verbose)
+assert False, 'asserts run'
+"""
+MATRIX = {
+    "paths": ((), PATHS, ("--lr", "1")),
+    "traceback": ((), "def inner():\n    raise ValueError('boom')\ndef outer():\n    inner()\nouter()\n", ()),
+    "syntax error": ((), "def f(:\n    pass\n", ()),
+    "exit status": ((), "import sys\nsys.exit(3)\n", ()),
+    "exit message": ((), "import sys\nsys.exit('bye')\n", ()),
+    "exit object": ((), "import sys\nclass Done:\n    def __str__(self): return 'done'\nsys.exit(Done())\n", ()),
+    "exception in a thread": ((), THREAD, ()),
+    "atexit and finally": ((), ENDINGS.format(body="raise RuntimeError('late')"), ()),
+    "ctrl-c": ((), ENDINGS.format(body="import os, signal; os.kill(os.getpid(), signal.SIGINT)"), ()),
+    "warnings": ((), WARNINGS, ()),
+    "-W error": (("-W", "error::UserWarning"), WARNINGS, ()),
+    "-O": (("-O",), FLAGS, ()),
+    "-X dev -u": (("-X", "dev", "-u"), FLAGS, ()),
+}
+
+
+def test_the_launcher_is_python_for_the_same_program(tmp_path):
+    """Each program of the matrix, run as ``python [options] sub/prog.py`` and as
+    ``python -m cudashim [options] sub/prog.py`` from the same folder: the same exit status
+    (death by SIGINT for Ctrl-C), standard output and standard error."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def both(case):
+        options, source, args = MATRIX[case]
+        folder = tmp_path / case.replace(" ", "_")
+        (folder / "sub").mkdir(parents=True)
+        (folder / "sub" / "prog.py").write_text(source)
+        runs = [python(*launcher, *options, "sub/prog.py", *args, cwd=folder)
+                for launcher in ((), ("-m", "cudashim"))]
+        return [(run.returncode, run.stdout, run.stderr) for run in runs]
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        seen = dict(zip(MATRIX, pool.map(both, MATRIX)))
+    assert seen["ctrl-c"][0][0] == -2 and seen["exit object"][0][0] == 1   # python's, to match
+    for case, (plain, shimmed) in seen.items():
+        assert shimmed == plain, case
+
+
+def test_module_and_code_as_python_runs_them(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "main.py").write_text(PATHS + "raise SystemExit(4)\n")
+    for program in (("-m", "pkg.main", "x"), ("-c", PATHS, "a", "--b")):
+        plain, shimmed = (python(*launcher, *program, cwd=tmp_path) for launcher in ((), ("-m", "cudashim")))
+        assert (shimmed.returncode, shimmed.stdout, shimmed.stderr) == \
+            (plain.returncode, plain.stdout, plain.stderr), program
