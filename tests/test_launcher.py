@@ -105,12 +105,15 @@ def test_hook_chains_to_an_existing_sitecustomize_and_survives_bad_settings(tmp_
         assert python(flag, "-c", "print('up')", env=env).stdout.strip() == "up"
 
 
-def test_import_cudashim_auto_as_the_first_line(tmp_path):
+def test_import_cudashim_auto_as_the_first_line_shims_children_too(tmp_path):
+    child = "import torch; print(torch.ones(1).cuda().is_cuda, torch.cuda.device_count())"
     script = tmp_path / "train.py"
-    script.write_text("import cudashim.auto\nimport torch\nprint(torch.ones(2).cuda().is_cuda)\n")
-    result = python(str(script), env={"PYTHONPATH": str(ROOT)})
+    script.write_text("import cudashim.auto\nimport subprocess, sys, torch\n"
+                      "print(torch.ones(2).cuda().is_cuda)\n"
+                      f"subprocess.run([sys.executable, '-c', {child!r}], check=True)\n")
+    result = python(str(script), env={"PYTHONPATH": str(ROOT), "CUDASHIM_DEVICE_COUNT": "2"})
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "True"
+    assert result.stdout.split() == ["True", "True", "2"]     # the program's settings, too
 
 
 def test_report_lists_apis_with_counts_and_first_call_site_per_rank(tmp_path):
