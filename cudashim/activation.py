@@ -156,7 +156,7 @@ def _on_torch_imported(torch_module) -> None:
 def _install(settings) -> Activation:
     from . import patches
     from .precision import PrecisionPolicy
-    from .report import Report
+    from .report import Report, check_writable
     from .translation import DeviceTranslator
 
     backend_cls, reason = backends.resolve(settings.backend)
@@ -165,6 +165,8 @@ def _install(settings) -> Activation:
     if not backend.redirects:
         log.info("cudashim: real CUDA is available; passing through, nothing patched (%s)", reason)
         return Activation(settings, backend, reason, registry)
+    if settings.report_json:
+        check_writable(settings.report_json)
     report = Report(backend.name) if (settings.report or settings.report_json) else None
     activation = Activation(settings, backend, reason, registry,
                             DeviceTranslator(backend, report), report,

@@ -128,10 +128,10 @@ def _activate(settings) -> None:
     import torch  # noqa: F401  (the backend is resolved now, so a bad one fails here, status 2)
 
     from . import activation
-    from .errors import BackendUnavailableError
+    from .errors import BackendUnavailableError, ReportPathError
     try:
         activation.activate(settings=settings)
-    except BackendUnavailableError as exc:
+    except (BackendUnavailableError, ReportPathError) as exc:
         sys.stderr.write(f"cudashim: error: {exc}\n")
         raise SystemExit(2) from None
 

@@ -41,6 +41,10 @@ class BackendUnavailableError(RuntimeError):
     """A backend that was named explicitly but cannot run here."""
 
 
+class ReportPathError(ValueError):
+    """A report file that cannot be written where the settings say."""
+
+
 _warned: set = set()
 _warned_lock = threading.Lock()
 

@@ -14,6 +14,8 @@ import threading
 from pathlib import Path
 from typing import Dict, Optional
 
+from .errors import ReportPathError
+
 _SKIP_DIRS = tuple(str(Path(p).resolve()) + os.sep for p in (
     Path(__file__).parent,                                   # cudashim itself
 ))
@@ -103,15 +105,36 @@ class Report:
         return "\n".join(lines) + "\n"
 
     def write(self, json_path: Optional[str], print_table: bool) -> None:
+        """At exit: the table on standard error, the JSON where asked. A file that can no
+        longer be written (its folder removed meanwhile) costs one line, never a traceback."""
         if print_table:
             sys.stderr.write(self.render())
         if json_path:
-            path = Path(rank_path(json_path))
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(self.as_dict(), indent=2) + "\n")
+            path = rank_path(json_path)
+            try:
+                Path(path).write_text(json.dumps(self.as_dict(), indent=2) + "\n")
+            except OSError as exc:
+                sys.stderr.write(f"cudashim: the report could not be written to {path}: "
+                                 f"{exc.strerror or exc}\n")
 
     def write_at_exit(self, json_path: Optional[str], print_table: bool) -> None:
         atexit.register(self.write, json_path, print_table)
+
+
+def check_writable(json_path: str) -> None:
+    """Raise ReportPathError (one line) now, at start-up, if the report's JSON file cannot be
+    written at exit: its folder must exist (none is made), and the file be writable."""
+    path = Path(rank_path(json_path))
+    folder = path.parent
+    if path.is_dir():
+        problem = "it is a folder"
+    elif not folder.is_dir():
+        problem = f"there is no folder {folder}"
+    elif not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        problem = "permission denied"
+    else:
+        return
+    raise ReportPathError(f"report_json={json_path}: cannot write the report to {path}: {problem}")
 
 
 def rank_path(path: str) -> str:

@@ -225,3 +225,47 @@ def test_module_and_code_as_python_runs_them(tmp_path):
         plain, shimmed = (python(*launcher, *program, cwd=tmp_path) for launcher in ((), ("-m", "cudashim")))
         assert (shimmed.returncode, shimmed.stdout, shimmed.stderr) == \
             (plain.returncode, plain.stdout, plain.stderr), program
+
+
+WHOLE_REPORT = """
+import os, sys, torch
+stream = torch.cuda.Stream()
+with torch.cuda.stream(stream):
+    x = torch.ones(3).cuda()
+torch.cuda.current_stream().wait_stream(stream)
+event = torch.cuda.Event(enable_timing=True)
+event.record()
+legacy = torch.cuda.FloatTensor(2)
+assert isinstance(legacy, torch.cuda.FloatTensor) and isinstance(stream, torch.cuda.Stream)
+pinned = torch.ones(2).pin_memory()
+torch.backends.cudnn.benchmark = True
+torch.backends.cudnn.deterministic = True
+torch.backends.cuda.matmul.allow_tf32 = True
+torch.backends.cudnn.allow_tf32 = True
+print(torch.version.cuda, torch.backends.cudnn.version(), torch.backends.cuda.is_built())
+os.rmdir(sys.argv[1])                 # the report's folder is gone by the time it is written
+"""
+
+
+def test_the_report_lists_every_cuda_api_that_ran_and_fails_early_on_a_bad_path(tmp_path):
+    script = tmp_path / "uses.py"
+    script.write_text(WHOLE_REPORT)
+    (tmp_path / "gone").mkdir()
+    result = python("-m", "cudashim", "--report", "--report-json", str(tmp_path / "gone" / "r.json"),
+                    str(script), str(tmp_path / "gone"))
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.count("cudashim: the report could not be written to") == 1
+    for api in ("torch.cuda.Stream", "torch.cuda.stream", "torch.cuda.current_stream", "torch.cuda.Event",
+                "torch.cuda.FloatTensor", "isinstance(..., torch.cuda.FloatTensor)",
+                "isinstance(..., torch.cuda.Stream)", "Tensor.pin_memory",
+                "torch.backends.cudnn.benchmark =", "torch.backends.cudnn.deterministic =",
+                "torch.backends.cuda.matmul.allow_tf32 =", "torch.backends.cudnn.allow_tf32 =",
+                "torch.version.cuda", "torch.backends.cudnn.version", "torch.backends.cuda.is_built"):
+        assert f"\n{api} " in result.stderr, api
+    for bad, problem in ((tmp_path / "missing" / "r.json", "there is no folder"), (tmp_path, "it is a folder")):
+        refused = python("-m", "cudashim", "--report-json", str(bad), "-c", "print('ran')")
+        assert refused.returncode == 2 and refused.stdout == "", refused.stderr
+        assert refused.stderr.strip().splitlines() == [
+            f"cudashim: error: report_json={bad}: cannot write the report to {bad}: {problem}"
+            + (f" {bad.parent}" if problem == "there is no folder" else "")]
+    assert not (tmp_path / "missing").exists()               # no folder made that was not asked for

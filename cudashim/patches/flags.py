@@ -58,3 +58,59 @@ def install(activation):
 
     activation.replace(torch.nn.attention, "sdpa_kernel", wrap("torch.nn.attention.sdpa_kernel"))
     activation.replace(torch.backends.cuda, "sdp_kernel", wrap("torch.backends.cuda.sdp_kernel"))
+    if activation.report is not None:
+        _count_flags(activation)
+
+
+# The cuDNN flags a program sets, and what cuDNN questions it asks.
+CUDNN_FLAGS = ("enabled", "benchmark", "deterministic", "allow_tf32", "fp32_precision")
+CUDNN_QUESTIONS = ("version", "is_available")
+TF32_FLAGS = ("allow_tf32", "fp32_precision")
+
+
+def _count_flags(activation):
+    report, backend = activation.report, activation.backend
+    mapped = activation.precision.float32_matmul_precision if activation.precision else None
+    no_effect = f"no effect: {backend.name} has no cuDNN"
+
+    def became(flag):
+        return f"oneDNN {mapped} float32 precision" if flag in TF32_FLAGS and mapped else no_effect
+
+    cudnn_class = type(torch.backends.cudnn)
+    for flag in CUDNN_FLAGS:
+        current = vars(cudnn_class).get(flag)           # torch's ContextProp, or a property
+        if not hasattr(current, "__set__"):
+            continue
+
+        def counted_set(module, value, _flag=flag, _current=current):
+            report.count(f"torch.backends.cudnn.{_flag} =", became(_flag))
+            _current.__set__(module, value)
+        activation.registry.set_attr(cudnn_class, flag, property(
+            lambda module, _current=current: _current.__get__(module, cudnn_class), counted_set,
+            doc=current.__doc__))
+    for question in CUDNN_QUESTIONS:
+        def make_question(original, _question=question):
+            def asked(*args, **kwargs):
+                answer = original(*args, **kwargs)
+                report.count(f"torch.backends.cudnn.{_question}", repr(answer))
+                return answer
+            return functools.wraps(original)(asked)
+        activation.replace(torch.backends.cudnn, question, make_question)
+    activation.registry.set_attr(torch.backends.cuda, "matmul", _CountedMatmulFlags(
+        torch.backends.cuda.matmul, lambda flag: report.count(f"torch.backends.cuda.matmul.{flag} =",
+                                                              became(flag))))
+
+
+class _CountedMatmulFlags:
+    """``torch.backends.cuda.matmul`` while the report is on: each write is counted."""
+
+    def __init__(self, flags, count):
+        object.__setattr__(self, "_flags", flags)
+        object.__setattr__(self, "_count", count)
+
+    def __getattr__(self, name):
+        return getattr(self._flags, name)
+
+    def __setattr__(self, name, value):
+        self._count(name)
+        setattr(self._flags, name, value)

@@ -97,8 +97,14 @@ def install(activation):
             apply(activation, declaration)
     else:
         # Host memory is already where the target computes: pinning is a no-op there.
-        activation.replace(T, "pin_memory", lambda original: functools.wraps(original)(
-            lambda self, device=None: self))
+        report = activation.report
+
+        def pin_memory(self, device=None):
+            if report is not None:
+                report.count("Tensor.pin_memory", "a no-op: host memory is the target's")
+            return self
+
+        activation.replace(T, "pin_memory", lambda original: functools.wraps(original)(pin_memory))
         activation.replace(T, "is_pinned", lambda original: functools.wraps(original)(
             lambda self, device=None: False))
 

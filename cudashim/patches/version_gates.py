@@ -27,6 +27,8 @@ def install(activation):
             honest = hears_truth()
             if report is not None:
                 report.heard("torch.backends.cuda.is_built", asking_module(), honest)
+                if not honest:
+                    report.count("torch.backends.cuda.is_built", "True (a CUDA build)")
             return original() if honest else True
         is_built.__doc__ = original.__doc__
         return is_built
@@ -44,6 +46,8 @@ def _version_module(real, cuda_version, report):
             honest = hears_truth()
             if report is not None:
                 report.heard("torch.version.cuda", asking_module(), honest)
+                if not honest:
+                    report.count("torch.version.cuda", repr(cuda_version))
             return real.cuda if honest else cuda_version
 
         def __getattr__(self, name):

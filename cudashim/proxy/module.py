@@ -78,11 +78,13 @@ def _bind(real, name, real_top, proxies, bound, activation):
         return proxies[value.__name__]
     if kind in (surface.BACKEND, surface.SHIM):
         ours = bound[real.__name__][name]
+        became = (f"{activation.backend.name} backend" if kind == surface.BACKEND
+                  else f"cudashim on {activation.backend.name}")
         if callable(ours) and not isinstance(ours, type) and callable(value):
-            became = (f"{activation.backend.name} backend" if kind == surface.BACKEND
-                      else f"cudashim on {activation.backend.name}")
             ours = answer_by_caller(qualname, value, ours, became, activation.report,
                                     activation.compiled)
+        elif isinstance(ours, type) and activation.report is not None:
+            ours = counted_class(qualname, ours, became, activation.report)
         return ours
     return refusal(qualname, way_out, kind == surface.HARMLESS, isinstance(value, type),
                    activation.backend, activation.settings, activation.report)
@@ -107,6 +109,35 @@ def answer_by_caller(api, real, ours, became, report=None, compiled=None):
         switch.python_twin = function
         return switch
     return function
+
+
+def counted_class(api, cls, became, report):
+    """``cls`` as the program sees it while the report is on: making one and ``isinstance``
+    against it are counted; what it makes and what it accepts are ``cls``'s own."""
+    def counting(base):
+        class Counted(base):
+            def __call__(self, *args, **kwargs):
+                if self is not counted:                # a program's own subclass
+                    return super().__call__(*args, **kwargs)
+                report.count(api, became)
+                return cls(*args, **kwargs)
+
+            def __instancecheck__(self, instance):
+                if self is not counted:
+                    return super().__instancecheck__(instance)
+                report.count(f"isinstance(..., {api})", became)
+                return isinstance(instance, cls)
+
+            def __subclasscheck__(self, subclass):
+                return issubclass(subclass, cls) if self is counted else super().__subclasscheck__(subclass)
+        return Counted
+
+    try:
+        counted = counting(type(cls))(cls.__name__, (cls,), {
+            "__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__})
+    except TypeError:                                  # a class that cannot be subclassed
+        return cls
+    return counted
 
 
 def _named_like(function, ours, real):
