@@ -41,12 +41,66 @@ class Activation:
     precision: Any = None              # precision.PrecisionPolicy (None when passing through)
     compiled: Any = None               # cudashim._speedups where it runs (see speedups.py), else None
     live: bool = True                  # False once deactivated: late hooks then patch nothing
+    waiting_for_imports: list = dataclasses.field(default_factory=list)   # (module, patch)
 
     def replace(self, owner, name: str, make: Callable[[Any], Any]):
         """Patch ``owner.name`` with ``make(original)``; return the replacement."""
         replacement = make(wrapt.resolve_path(owner, name)[2])
         self.registry.set_attr(owner, name, replacement)
         return replacement
+
+    def when_imported(self, module_name: str, patch: Callable[[types.ModuleType], Any]) -> None:
+        """Call ``patch(module)`` now if ``module_name`` is imported, else when it is, while
+        this activation is live. Deactivation forgets the patch, so nothing of this
+        activation outlives it through an import hook."""
+        def if_live(module):
+            if self.live:
+                patch(module)
+
+        module = sys.modules.get(module_name)
+        if module is not None:
+            if_live(module)
+            return
+        if not self.waiting_for_imports:
+            self.registry.add_undo("patches waiting for imports", lambda: [
+                _import_hooks.discard(*waiting) for waiting in self.waiting_for_imports])
+        self.waiting_for_imports.append((module_name, if_live))
+        _import_hooks.add(module_name, if_live)
+
+
+class _ImportHooks:
+    """One wrapt post-import hook per module name for the whole process, calling the patches
+    that live activations wait with: wrapt keeps a hook until its module is imported, and
+    one per activation would pile up over activate/deactivate cycles."""
+
+    def __init__(self):
+        self._waiting = {}                 # module name -> patches, in the order they came
+        self._lock = threading.Lock()
+
+    def add(self, module_name: str, patch) -> None:
+        with self._lock:
+            patches = self._waiting.get(module_name)
+            armed = patches is not None
+            if not armed:
+                patches = self._waiting[module_name] = []
+            patches.append(patch)
+        if not armed:
+            wrapt.register_post_import_hook(self._imported, module_name)
+
+    def discard(self, module_name: str, patch) -> None:
+        with self._lock:
+            patches = self._waiting.get(module_name, [])
+            if patch in patches:
+                patches.remove(patch)
+
+    def _imported(self, module) -> None:
+        with self._lock:               # wrapt has dropped its hook: the next add arms another
+            patches = self._waiting.pop(module.__name__, [])
+        for patch in patches:
+            patch(module)
+
+
+_import_hooks = _ImportHooks()
 
 
 _lock = threading.RLock()

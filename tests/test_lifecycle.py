@@ -181,3 +181,23 @@ def test_activation_from_another_thread_waits_for_torch_to_finish_importing():
     result = python("-c", code)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "cpu True"
+
+
+def test_activate_deactivate_cycles_leave_nothing_behind():
+    """Nothing of an activation outlives it: post-import hooks for modules never imported,
+    exit handlers and caches let go of the activation, its backend and its settings."""
+    import gc
+    import torch  # noqa: F401  (imported: each activation patches it)
+    import cudashim
+
+    def cycles(count):
+        for _ in range(count):
+            cudashim.activate("cpu")
+            cudashim.deactivate()
+        gc.collect()
+        return len(gc.get_objects())
+
+    settled = cycles(20)
+    after = cycles(200)
+    assert after - settled < 20, f"{(after - settled) / 200:.1f} objects kept per cycle"
+    assert not [o for o in gc.get_objects() if type(o).__name__ == "Activation"]

@@ -12,7 +12,6 @@ Dynamo is imported lazily (it costs a second), so the patches wait for that impo
 has not happened.
 """
 
-import wrapt
 
 from ..callers import is_torch_module
 
@@ -30,8 +29,6 @@ def install(activation):
     device_type = activation.backend.device_type
 
     def patch(module):
-        if not activation.live:
-            return
         TensorVariable = module.TensorVariable
         original = TensorVariable.method_attr_is_cuda
 
@@ -44,7 +41,7 @@ def install(activation):
 
         activation.registry.set_attr(TensorVariable, "method_attr_is_cuda", method_attr_is_cuda)
 
-    wrapt.register_post_import_hook(patch, DYNAMO_TENSORS)
+    activation.when_imported(DYNAMO_TENSORS, patch)
 
 
 def _trace_python_twins(activation):
@@ -52,8 +49,6 @@ def _trace_python_twins(activation):
                            ("Rewriter", "TruthSwitch", "DefaultDevice"))
 
     def patch(module):
-        if not activation.live:
-            return
         from torch._dynamo import trace_rules
         from torch._dynamo.guards import GuardBuilder
         from torch._dynamo.source import AttrSource
@@ -78,4 +73,4 @@ def _trace_python_twins(activation):
 
         activation.registry.set_attr(VariableBuilder, "_wrap", _wrap)
 
-    wrapt.register_post_import_hook(patch, DYNAMO_BUILDER)
+    activation.when_imported(DYNAMO_BUILDER, patch)

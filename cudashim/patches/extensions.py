@@ -14,7 +14,6 @@ import functools
 import inspect
 from typing import List, Mapping, Optional
 
-import wrapt
 
 from ..errors import UnsupportedCudaAPI
 
@@ -58,12 +57,10 @@ def install(activation):
     backend = activation.backend
 
     def refuse_cuda_builds(module):
-        if not activation.live:
-            return
         for builder in BUILDERS:
             activation.replace(module, builder, functools.partial(_refusing, builder, backend))
 
-    wrapt.register_post_import_hook(refuse_cuda_builds, MODULE)
+    activation.when_imported(MODULE, refuse_cuda_builds)
 
 
 def _refusing(builder, backend, original):

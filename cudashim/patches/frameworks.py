@@ -43,7 +43,7 @@ def install(activation):
     def check_choice(module):
         """DeepSpeed imported and asked before activation keeps the accelerator it chose."""
         chosen = getattr(module, "ds_accelerator", None)
-        if activation.live and chosen is not None and getattr(chosen, "_name", wanted) != wanted:
+        if chosen is not None and getattr(chosen, "_name", wanted) != wanted:
             warnings.warn(
                 f"DeepSpeed chose its {chosen._name!r} accelerator before cudashim was active; "
                 f"on the {activation.backend.name!r} backend it needs {wanted!r}. Start the "
@@ -51,19 +51,18 @@ def install(activation):
                 CudashimWarning, stacklevel=2)
 
     def answer_fp16(module):
-        if activation.live:
-            activation.registry.set_attr(module.CPU_Accelerator, "is_fp16_supported", _fp16_supported)
+        activation.registry.set_attr(module.CPU_Accelerator, "is_fp16_supported", _fp16_supported)
 
     def fill_in_packbits(module):
         accelerator = getattr(module, accelerator_class, None)
-        if activation.live and hasattr(accelerator, "get_op_builder"):
+        if hasattr(accelerator, "get_op_builder"):
             activation.replace(accelerator, "get_op_builder",
                                lambda original: wrapt.FunctionWrapper(original, onebit.fill_in_packbits))
 
-    wrapt.register_post_import_hook(check_choice, ACCELERATORS)
-    wrapt.register_post_import_hook(answer_fp16, CPU_ACCELERATOR)
+    activation.when_imported(ACCELERATORS, check_choice)
+    activation.when_imported(CPU_ACCELERATOR, answer_fp16)
     accelerator_module, accelerator_class = onebit.accelerator_class(wanted)
-    wrapt.register_post_import_hook(fill_in_packbits, accelerator_module)
+    activation.when_imported(accelerator_module, fill_in_packbits)
     _serve_the_nccl_backend(activation)
 
 

@@ -183,8 +183,6 @@ def apply(activation, declaration: Rewrite) -> None:
     after deactivation is left alone."""
 
     def patch(module):
-        if not activation.live:
-            return
         try:
             owner, name, original = wrapt.resolve_path(module, declaration.path)
         except AttributeError:       # not in this torch release
@@ -204,7 +202,7 @@ def apply(activation, declaration: Rewrite) -> None:
             if getattr(alias_owner, alias_name, None) is original:
                 activation.registry.set_attr(alias_owner, alias_name, replacement)
 
-    wrapt.register_post_import_hook(patch, declaration.module)
+    activation.when_imported(declaration.module, patch)
 
 
 def rewritten(activation, declaration: Rewrite, original):

@@ -86,8 +86,12 @@ def _retarget_compiled_graphs(registry, translate):
             installed.clear()
             torch._C._jit_set_emit_hooks(previous_module_hook, previous_function_hook)
 
+    def restore_hooks_now():
+        restore_hooks()
+        atexit.unregister(restore_hooks)
+
     torch._C._jit_set_emit_hooks(module_emitted, function_emitted)
-    registry.add_undo("TorchScript's emit hooks", restore_hooks)
+    registry.add_undo("TorchScript's emit hooks", restore_hooks_now)
     # Python functions left in TorchScript's hooks crash the interpreter's finalisation.
     atexit.register(restore_hooks)
 
