@@ -5,6 +5,7 @@ import importlib
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,9 +22,52 @@ def pytest_addoption(parser):
                      help="run cudashim's pure-Python wrappers and kernels, not the compiled ones")
 
 
+@pytest.hookimpl(trylast=True)          # after the terminal reporter exists
 def pytest_configure(config):
     if config.getoption("--pure-python"):
         os.environ[PURE_PYTHON] = "1"
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and not hasattr(config, "workerinput"):    # xdist's workers print nothing
+        config.pluginmanager.register(Heartbeat(reporter), "cudashim-heartbeat")
+
+
+class Heartbeat:
+    """A line when the suite has printed nothing for a while, naming the tests still running:
+    a long end-to-end test reads differently from a hung one, and a CI log never goes quiet."""
+    QUIET = 45.0                                     # seconds without a line before one
+
+    def __init__(self, reporter):
+        import threading
+        self.reporter = reporter
+        self.running = {}                            # node id -> when it started
+        self.last_line = time.monotonic()
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+        threading.Thread(target=self._beat, name="heartbeat", daemon=True).start()
+
+    def pytest_runtest_logstart(self, nodeid):
+        with self.lock:
+            self.running[nodeid] = time.monotonic()
+
+    def pytest_runtest_logreport(self, report):
+        with self.lock:
+            self.last_line = time.monotonic()
+            if report.when == "teardown":
+                self.running.pop(report.nodeid, None)
+
+    def pytest_unconfigure(self):
+        self.stopped.set()
+
+    def _beat(self):
+        while not self.stopped.wait(5.0):
+            now = time.monotonic()
+            with self.lock:
+                if now - self.last_line < self.QUIET or not self.running:
+                    continue
+                self.last_line = now
+                running = sorted(self.running.items(), key=lambda item: item[1])
+            names = ", ".join(f"{nodeid} ({now - started:.0f} s)" for nodeid, started in running)
+            self.reporter.write_line(f"... still running: {names}")
 
 
 def _clean_env():
