@@ -99,24 +99,28 @@ def test_the_one_bit_backends_agree_with_the_torch_simulation(tmp_path):
         assert backend["shape_kept"] and backend["device"] == "cpu" and backend["is_cuda"]
 
 
+ONE_BIT = ("OneBitAdam", "ZeroOneAdam", "OneBitLamb")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("optimizer", ["OneBitAdam", "ZeroOneAdam", "OneBitLamb"])
-def test_one_bit_optimizers_train_with_the_nccl_backend(tmp_path, optimizer):
+def test_one_bit_optimizers_train_with_the_nccl_backend(tmp_path):
     """fp16, two ranks, comm_backend_name "nccl" as GPU programs write it; compression
     starts at the fourth step. DeepSpeed's "compressed" backend (its own allreduce, our
-    packbits op) gives the same losses bit for bit."""
+    packbits op) gives the same losses bit for bit. The three optimizers train one after
+    another in each launch, as a sweep would."""
     runs = {}
     for backend in ("nccl", "compressed"):
         (tmp_path / backend).mkdir()
         runs[backend] = _two_ranks(tmp_path / backend, "--stage", "0", "--dtype", "fp16", "--steps", "6",
-                                   "--optimizer", optimizer, "--comm-backend", backend)
-    nccl, compressed = runs["nccl"], runs["compressed"]
-    assert nccl["onebit"]["backend"] == "cudashim.patches._deepspeed_onebit.NcclBackend"
-    assert compressed["onebit"]["backend"] == "deepspeed.runtime.comm.compressed.CompressedBackend"
-    assert nccl["onebit"]["calls"] > 0 and nccl["onebit"]["calls"] == compressed["onebit"]["calls"]
-    assert nccl["backend"] == "nccl" and nccl["parameter"] == ["cpu", "torch.float16", True]
-    assert all(loss == loss and loss < 10 for loss in nccl["losses"] + nccl["continued"])
-    assert nccl["losses"] == compressed["losses"] and nccl["continued"] == compressed["continued"]
-    # A resumed 1-bit optimizer starts its error feedback afresh (DeepSpeed resets it on
-    # load), so only the first resumed step, taken before any update, repeats exactly.
-    assert nccl["resumed"][0] == nccl["continued"][0]
+                                   "--optimizer", ",".join(ONE_BIT), "--comm-backend", backend)["runs"]
+    for optimizer in ONE_BIT:
+        nccl, compressed = runs["nccl"][optimizer], runs["compressed"][optimizer]
+        assert nccl["onebit"]["backend"] == "cudashim.patches._deepspeed_onebit.NcclBackend"
+        assert compressed["onebit"]["backend"] == "deepspeed.runtime.comm.compressed.CompressedBackend"
+        assert nccl["onebit"]["calls"] > 0 and nccl["onebit"]["calls"] == compressed["onebit"]["calls"]
+        assert nccl["backend"] == "nccl" and nccl["parameter"] == ["cpu", "torch.float16", True]
+        assert all(loss == loss and loss < 10 for loss in nccl["losses"] + nccl["continued"])
+        assert nccl["losses"] == compressed["losses"] and nccl["continued"] == compressed["continued"]
+        # A resumed 1-bit optimizer starts its error feedback afresh (DeepSpeed resets it on
+        # load), so only the first resumed step, taken before any update, repeats exactly.
+        assert nccl["resumed"][0] == nccl["continued"][0], optimizer

@@ -3,9 +3,10 @@
 The tests run it unmodified under ``python -m cudashim``, on one rank and on two with the
 ``deepspeed`` launcher: ``cuda`` devices, the NCCL backend, fp16 or bf16, ZeRO stage 1, 2 or 3
 (``deepspeed.zero.Init`` for stage 3), optimizer states offloaded to the host, states
-offloaded and reloaded, a checkpoint saved and resumed; or, without ZeRO, one of the 1-bit
+offloaded and reloaded, a checkpoint saved and resumed; or, without ZeRO, the 1-bit
 optimizers with the communication backend GPU programs name (``"nccl"``) or DeepSpeed's
-``"compressed"``. Rank 0 writes what it saw as JSON.
+``"compressed"``, several trained one after another as a sweep does. Rank 0 writes what it
+saw as JSON.
 """
 
 import argparse
@@ -68,8 +69,9 @@ def main():
     parser.add_argument("--dtype", choices=["fp16", "bf16"], default="fp16")
     parser.add_argument("--offload-optimizer", action="store_true")
     parser.add_argument("--offload-states", action="store_true", help="ZeRO-3: offload and reload")
-    parser.add_argument("--optimizer", choices=["AdamW", "OneBitAdam", "ZeroOneAdam", "OneBitLamb"],
-                        default="AdamW")
+    parser.add_argument("--optimizer", default="AdamW",
+                        help="AdamW, OneBitAdam, ZeroOneAdam or OneBitLamb; several, comma-separated, "
+                             "train one after another in this process (a sweep)")
     parser.add_argument("--comm-backend", choices=["nccl", "compressed"], default="nccl",
                         help="the 1-bit optimizers' comm_backend_name")
     parser.add_argument("--steps", type=int, default=6)
@@ -79,17 +81,26 @@ def main():
 
     deepspeed.init_distributed(dist_backend="nccl")
     torch.cuda.set_device(args.local_rank)
+    names = args.optimizer.split(",")
+    runs = {name: train_with(args, name, os.path.join(args.checkpoint, name)) for name in names}
+    if torch.distributed.get_rank() == 0:
+        with open(args.out, "w") as f:
+            json.dump(runs[names[0]] if len(names) == 1 else {"runs": runs}, f)
+
+
+def train_with(args, optimizer_name, checkpoint):
+    """Train, save, continue, resume: what the rank saw."""
     dtype = torch.float16 if args.dtype == "fp16" else torch.bfloat16
     zero = {"stage": args.stage}
     if args.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     precision = {"enabled": True, "initial_scale_power": 8} if args.dtype == "fp16" else {"enabled": True}
     optimizer = {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01}}
-    if args.optimizer != "AdamW":            # 1-bit: compressed from the fourth step on
-        optimizer = {"type": args.optimizer,
+    if optimizer_name != "AdamW":            # 1-bit: compressed from the fourth step on
+        optimizer = {"type": optimizer_name,
                      "params": {"lr": 1e-3, "freeze_step": 3, "var_freeze_step": 3, "cuda_aware": False,
                                 "comm_backend_name": args.comm_backend}}
-        if args.optimizer == "ZeroOneAdam":
+        if optimizer_name == "ZeroOneAdam":
             del optimizer["params"]["freeze_step"]
         else:
             del optimizer["params"]["var_freeze_step"]
@@ -104,7 +115,7 @@ def main():
 
     compressed_calls = count_compressed_allreduces(engine.basic_optimizer)
     losses = train(engine, seed=0, steps=args.steps, dtype=dtype)
-    engine.save_checkpoint(args.checkpoint, tag="mid")
+    engine.save_checkpoint(checkpoint, tag="mid")
     continued = train(engine, seed=1, steps=2, dtype=dtype)
     if args.offload_states:
         engine.offload_states()
@@ -112,19 +123,17 @@ def main():
         after_reload = train(engine, seed=2, steps=1, dtype=dtype)
     else:
         after_reload = None
-    engine.load_checkpoint(args.checkpoint, tag="mid")
+    engine.load_checkpoint(checkpoint, tag="mid")
     resumed = train(engine, seed=1, steps=2, dtype=dtype)
 
     parameter = next(engine.module.parameters())
-    if torch.distributed.get_rank() == 0:
-        with open(args.out, "w") as f:
-            json.dump({"accelerator": get_accelerator().device_name(),
-                       "communication": get_accelerator().communication_backend_name(),
-                       "world_size": torch.distributed.get_world_size(),
-                       "backend": torch.distributed.get_backend(),
-                       "parameter": [str(parameter.device), str(parameter.dtype), parameter.is_cuda],
-                       "losses": losses, "continued": continued, "resumed": resumed,
-                       "after_reload": after_reload, "onebit": compressed_calls}, f)
+    return {"accelerator": get_accelerator().device_name(),
+            "communication": get_accelerator().communication_backend_name(),
+            "world_size": torch.distributed.get_world_size(),
+            "backend": torch.distributed.get_backend(),
+            "parameter": [str(parameter.device), str(parameter.dtype), parameter.is_cuda],
+            "losses": losses, "continued": continued, "resumed": resumed,
+            "after_reload": after_reload, "onebit": compressed_calls}
 
 
 if __name__ == "__main__":
