@@ -109,7 +109,7 @@ def test_import_cudashim_auto_as_the_first_line_shims_children_too(tmp_path):
     child = "import torch; print(torch.ones(1).cuda().is_cuda, torch.cuda.device_count())"
     script = tmp_path / "train.py"
     script.write_text("import cudashim.auto\nimport subprocess, sys, torch\n"
-                      "print(torch.ones(2).cuda().is_cuda)\n"
+                      "print(torch.ones(2).cuda().is_cuda, flush=True)\n"
                       f"subprocess.run([sys.executable, '-c', {child!r}], check=True)\n")
     result = python(str(script), env={"PYTHONPATH": str(ROOT), "CUDASHIM_DEVICE_COUNT": "2"})
     assert result.returncode == 0, result.stderr
