@@ -108,6 +108,16 @@ def _parse_modules(value, where):
     return chosen
 
 
+def _parse_extensions(value, where):
+    """Module names in the order given."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    chosen = tuple(dict.fromkeys(i.strip() for i in items if i.strip()))
+    bad = [m for m in chosen if not all(part.isidentifier() for part in m.split("."))]
+    if bad:
+        raise ValueError(f"{where}{value!r}: not a module name: {', '.join(bad)}")
+    return chosen
+
+
 def _parse_cuda_version(value, where):
     text = str(value).strip()
     parts = text.split(".")
@@ -138,6 +148,10 @@ def _format_set(value) -> Optional[str]:
     return ",".join(sorted(value)) if value else None
 
 
+def _format_sequence(value) -> Optional[str]:
+    return ",".join(value) if value else None
+
+
 @dataclasses.dataclass(frozen=True)
 class Option:
     name: str                        # keyword argument, Settings field, --option (dashed)
@@ -160,6 +174,10 @@ OPTIONS: Tuple[Option, ...] = (
     Option("device_count", "CUDASHIM_DEVICE_COUNT", None, _parse_count, metavar="N",
            help="virtual CUDA devices on the CPU backend (default 1, or as many as "
                 "CUDA_VISIBLE_DEVICES lists)"),
+    Option("device_extension", "CUDASHIM_DEVICE_EXTENSION", (), _parse_extensions,
+           metavar="MODULE[,MODULE]", format=_format_sequence,
+           help="import these device extensions before the target is chosen: a vendor's torch "
+                "extension that torch does not load itself (torchvulkan, say)"),
     Option("collective", "CUDASHIM_COLLECTIVE", None, _parse_collective, metavar="LIBRARY",
            help="the torch.distributed backend NCCL becomes (default: the backend's own)"),
     Option("report", "CUDASHIM_REPORT", False, _parse_bool, format=_format_bool,

@@ -93,6 +93,13 @@ def doctor(settings) -> int:
     out(f"cudashim {__version__}\n")
     out(f"python {platform.python_version()} on {platform.platform()}\n")
     out(f"torch {torch.__version__} (built with CUDA: {torch.version.cuda or 'no'})\n")
+    try:
+        backends.import_extensions(settings.device_extension)
+    except BackendUnavailableError as exc:
+        out(f"device extensions: {exc}\n")
+    else:
+        if settings.device_extension:
+            out(f"device extensions: {', '.join(settings.device_extension)} imported\n")
     out("backends:\n")
     for name, state in backends.survey().items():
         out(f"  {name:6s} {state}\n")

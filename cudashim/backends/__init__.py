@@ -109,6 +109,17 @@ def _absent_reason(name: str):
     return reason
 
 
+def import_extensions(modules) -> None:
+    """Import the device extensions the settings name, so that the devices they register are
+    there to detect; one that cannot be imported stops activation with one line."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise BackendUnavailableError(
+                f"the device extension '{module}' cannot be imported: {exc}") from None
+
+
 def resolve(name: str) -> Tuple[Type, str]:
     """The backend class to use and why it was chosen."""
     check_name(name)

@@ -6,17 +6,24 @@ declare a ``torch.backends`` entry point. This backend reads only ``torch.accele
 and ``torch.get_device_module()``, so a new vendor needs no cudashim code. Where the
 device module has a function it is used; otherwise the device-generic ``torch.accelerator``
 one is. The collective library is the one the vendor registered for its device type with
-``torch.distributed.Backend.register_backend``, or the ``collective`` setting.
+``torch.distributed.Backend.register_backend``, or the ``collective`` setting; a device with
+none gets collectives staged through host memory to gloo (``staged.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import functools
+import os
 from typing import Optional, Tuple
 
 import torch
 
-from .base import Backend, no_collective
+from .._settings import env_var
+from ..errors import warn_once
+from . import host, staged
+from .base import Backend
 from .host import DeviceProperties
 
 # torch.accelerator's names where they differ from torch.cuda's.
@@ -45,6 +52,26 @@ class AcceleratorBackend(Backend):
     def __init__(self, settings):
         self.device_type = self.accelerator_type()
         super().__init__(settings)
+        self._current = host.CurrentStream()        # used where the device has no streams
+        self._default_host_stream = None
+        self._real_count = self._either("device_count")
+        self._count = self._resolve_count(settings, self._real_count)
+        self.shares_devices = self._count > self._real_count
+        self._current_index = contextvars.ContextVar("cudashim_shared_device", default=None)
+
+    @staticmethod
+    def _resolve_count(settings, real: int) -> int:
+        """How many CUDA devices the program sees: the real ones, unless the setting asks
+        for more, or a launcher starts more local ranks than there are devices (each rank
+        then calls set_device(local_rank)); then CUDA index i is real device i mod count."""
+        if settings.device_count is not None:
+            return settings.device_count
+        local_world = os.environ.get("LOCAL_WORLD_SIZE", "")
+        if local_world.isdigit() and int(local_world) > real:
+            warn_once("shared-devices", f"{local_world} local ranks share {real} device(s) of "
+                                        f"type '{AcceleratorBackend.accelerator_type()}'")
+            return int(local_world)
+        return real
 
     def _vendor(self, name):
         """The device module's ``name``, or None when the vendor does not provide it."""
@@ -60,27 +87,48 @@ class AcceleratorBackend(Backend):
             own = getattr(torch.accelerator, ACCELERATOR_NAMES.get(name, name))
         return own(*args)
 
-    # --- devices ----------------------------------------------------------------------
+    # --- devices: the real ones, or more CUDA indices sharing them ---------------------
     def device_count(self) -> int:
-        return self._either("device_count")
+        return self._count
+
+    def target_device(self, index: Optional[int]) -> "torch.device":
+        if index is not None and self.shares_devices:
+            index %= self._real_count
+        return super().target_device(index)
+
+    def check_index(self, index: int) -> None:
+        if not 0 <= index < self._count:
+            raise RuntimeError(
+                f"CUDA error: invalid device ordinal {index} (the '{self.device_type}' target has "
+                f"{self._count} device(s); set {env_var('device_count')} or --device-count "
+                "for more CUDA devices sharing them)")
+
+    def _real(self, index: Optional[int]) -> Optional[int]:
+        """The real device index a CUDA index stands for (None stays None: the current)."""
+        return index % self._real_count if index is not None and self.shares_devices else index
 
     def current_device(self) -> int:
-        return self._either("current_device")
+        shared = self._current_index.get() if self.shares_devices else None
+        return self._either("current_device") if shared is None else shared
 
     def set_device(self, index: int) -> None:
+        self.check_index(index)
+        if self.shares_devices:
+            self._current_index.set(index)
+            index %= self._real_count
         self._either("set_device", index)
 
     def synchronize(self, index: Optional[int] = None) -> None:
-        self._either("synchronize", index)
+        self._either("synchronize", self._real(index))
 
     def get_device_name(self, index: Optional[int] = None) -> str:
         own = self._vendor("get_device_name")
-        return own(index) if own else f"{self.device_type}:{self.current_device() if index is None else index}"
+        return own(self._real(index)) if own else f"{self.device_type}:{self.current_device() if index is None else index}"
 
     def get_device_properties(self, index: Optional[int] = None):
         own = self._vendor("get_device_properties")
         if own:
-            return own(index)
+            return own(self._real(index))
         major, minor = self.get_device_capability(index)
         return DeviceProperties(name=self.get_device_name(index), total_memory=self.mem_get_info(index)[1],
                                 major=major, minor=minor, multi_processor_count=1)
@@ -121,30 +169,53 @@ class AcceleratorBackend(Backend):
 
     def default_generator(self, index: int) -> "torch.Generator":
         generators = self._vendor("default_generators")
-        return generators[index] if generators else torch.default_generator
+        return generators[self._real(index)] if generators else torch.default_generator
 
-    # --- streams and events: torch's device-generic classes ---------------------------
+    # --- streams and events: the extension's or torch's device-generic classes; cudashim's
+    # host-ordered ones (host.py) where the extension has none (torchvulkan) ------------
+    @functools.cached_property
+    def _host_streams(self):
+        """(Stream, Event) of host.py's kind when the device cannot record an event of its
+        own or make a stream, else None."""
+        own_event, own_stream, device = self._vendor("Event"), self._vendor("Stream"), \
+            self.target_device(None)
+        try:                                       # the device module's classes: CUDA's signature
+            (own_event() if own_event else torch.Event(device=device)).record()
+            own_stream() if own_stream else torch.Stream(device=device)
+            return None
+        except RuntimeError:                       # "Backend doesn't support events."
+            return host.host_ordered(self.device_type)
+
     @property
     def Stream(self):
-        return self._vendor("Stream") or torch.Stream
+        return self._host_streams[0] if self._host_streams else self._vendor("Stream") or torch.Stream
 
     @property
     def Event(self):
-        return self._vendor("Event") or torch.Event
+        return self._host_streams[1] if self._host_streams else self._vendor("Event") or torch.Event
 
     def current_stream(self, index: Optional[int] = None):
-        return self._either("current_stream", index)
+        if self._host_streams:
+            return self._current.stream or self.default_stream(index)
+        return self._either("current_stream", self._real(index))
 
     def default_stream(self, index: Optional[int] = None):
+        if self._host_streams:
+            if self._default_host_stream is None:
+                self._default_host_stream = self.Stream()
+            return self._default_host_stream
         own = self._vendor("default_stream")
-        return own(index) if own else self.current_stream(index)
+        return own(self._real(index)) if own else self.current_stream(index)
 
     def set_stream(self, stream) -> None:
-        self._either("set_stream", stream)
+        if self._host_streams:
+            self._current.stream = stream
+        else:
+            self._either("set_stream", stream)
 
     @contextlib.contextmanager
     def stream(self, stream):
-        previous = self.current_stream()
+        previous = self._current.stream if self._host_streams else self.current_stream()
         self.set_stream(stream)
         try:
             yield stream
@@ -153,25 +224,25 @@ class AcceleratorBackend(Backend):
 
     # --- memory: the device module's statistics, else torch.accelerator's -------------
     def memory_allocated(self, index: Optional[int] = None) -> int:
-        return self._either("memory_allocated", index)
+        return self._either("memory_allocated", self._real(index))
 
     def max_memory_allocated(self, index: Optional[int] = None) -> int:
-        return self._either("max_memory_allocated", index)
+        return self._either("max_memory_allocated", self._real(index))
 
     def memory_reserved(self, index: Optional[int] = None) -> int:
-        return self._either("memory_reserved", index)
+        return self._either("memory_reserved", self._real(index))
 
     def max_memory_reserved(self, index: Optional[int] = None) -> int:
-        return self._either("max_memory_reserved", index)
+        return self._either("max_memory_reserved", self._real(index))
 
     def reset_peak_memory_stats(self, index: Optional[int] = None) -> None:
-        self._either("reset_peak_memory_stats", index)
+        self._either("reset_peak_memory_stats", self._real(index))
 
     def memory_stats(self, index: Optional[int] = None) -> dict:
-        return dict(self._either("memory_stats", index))
+        return dict(self._either("memory_stats", self._real(index)))
 
     def mem_get_info(self, index: Optional[int] = None) -> Tuple[int, int]:
-        return tuple(self._either("mem_get_info", index))
+        return tuple(self._either("mem_get_info", self._real(index)))
 
     def empty_cache(self) -> None:
         self._either("empty_cache")
@@ -182,9 +253,12 @@ class AcceleratorBackend(Backend):
         return tuple(own()) if own else (torch.bfloat16, torch.float16)
 
     def choose_collective(self) -> str:
+        """The library the vendor registered for its device type; where it registered none,
+        collectives staged through host memory to gloo (``staged``)."""
         import torch.distributed as dist
-        registered = dist.Backend.default_device_backend_map.get(self.device_type)
-        if registered is None:
-            raise no_collective(self.name, f"no torch.distributed backend is registered for "
-                                           f"'{self.device_type}'")
-        return registered
+        return dist.Backend.default_device_backend_map.get(self.device_type) or staged.NAME
+
+    def process_group_backend(self) -> str:
+        if self.collective == staged.NAME:          # one process group for every device
+            return staged.NAME
+        return super().process_group_backend()

@@ -107,6 +107,9 @@ class Backend:
         method of that name}, for the hottest questions; none by default."""
         return {}
 
+    # Whether several CUDA indices stand for one real device (the CPU's virtual devices).
+    shares_devices = False
+
     @cuda_api
     def device_count(self) -> int:
         return self.module.device_count()
@@ -200,9 +203,6 @@ class Backend:
 
     def stream(self, stream):
         return self.module.stream(stream)
-
-    def record_stream(self, tensor, stream) -> None:
-        tensor.record_stream(stream)
 
     # --- memory -----------------------------------------------------------------------
     @cuda_api

@@ -39,6 +39,7 @@ class CPUBackend(HostStreams, Backend):
     name = "cpu"
     device_type = "cpu"
     deepspeed_accelerator = "cpu"
+    shares_devices = True                      # every virtual cuda:N is host memory
 
     def __init__(self, settings):
         super().__init__(settings)

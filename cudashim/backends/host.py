@@ -2,8 +2,9 @@
 
 On the CPU work runs in order as it is issued, and MPS has one command queue, so a stream
 is an ordering promise already kept: waits are met, synchronizing is the device's own
-synchronize. Events are timed on the host clock (the work before a record has finished
-when the record runs).
+synchronize. Events are timed on the host clock: a record waits until the device has
+finished the work issued before it (on the CPU it has when the call returns). Accelerators
+whose extension has no streams or events of its own (torchvulkan) get these too.
 """
 
 from __future__ import annotations
@@ -37,21 +38,29 @@ class DeviceProperties:
                 f"multi_processor_count={self.multi_processor_count})")
 
 
+def synchronize_device(device_type: str) -> None:
+    """Wait for the work issued to ``device_type``; the CPU's is done when issued."""
+    if device_type != "cpu":
+        torch.get_device_module(device_type).synchronize()
+
+
 class HostEvent:
     """A CUDA-style event timed on the host clock."""
+    device_type = "cpu"                  # the device whose work a record waits for
 
     def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
         self.enable_timing = enable_timing
         self._recorded_ns: Optional[int] = None
 
     def record(self, stream=None) -> None:
+        synchronize_device(self.device_type)
         self._recorded_ns = time.perf_counter_ns()
 
     def query(self) -> bool:
         return True
 
     def synchronize(self) -> None:
-        pass
+        synchronize_device(self.device_type)
 
     def wait(self, stream=None) -> None:
         pass
@@ -71,6 +80,7 @@ class HostEvent:
 class HostStream:
     """A CUDA-style stream where work runs in order, so every wait is already met."""
     device_type = "cpu"
+    event_class = HostEvent
 
     def __init__(self, device=None, priority: int = 0, **kwargs):
         self.device = torch.device(self.device_type)
@@ -81,7 +91,7 @@ class HostStream:
         return True
 
     def synchronize(self) -> None:
-        torch.get_device_module(self.device_type).synchronize()
+        synchronize_device(self.device_type)
 
     def wait_event(self, event) -> None:
         pass
@@ -90,7 +100,7 @@ class HostStream:
         pass
 
     def record_event(self, event=None):
-        event = event if event is not None else HostEvent()
+        event = event if event is not None else self.event_class()
         event.record(self)
         return event
 
@@ -104,8 +114,17 @@ class HostStream:
         return f"<cudashim HostStream device={self.device_type}>"
 
 
-class _CurrentStream(threading.local):
+class CurrentStream(threading.local):
     stream = None              # a class default: a missing attribute would cost an exception
+
+
+def host_ordered(device_type: str):
+    """(Stream, Event) classes for a device whose work runs in issue order and whose
+    extension has none of its own."""
+    event = type("HostEvent", (HostEvent,), {"device_type": device_type, "__module__": __name__})
+    stream = type("HostStream", (HostStream,), {"device_type": device_type, "event_class": event,
+                                                "__module__": __name__})
+    return stream, event
 
 
 class HostStreams:
@@ -116,7 +135,7 @@ class HostStreams:
 
     def __init__(self, settings):
         super().__init__(settings)
-        self._stream_state = _CurrentStream()
+        self._stream_state = CurrentStream()
         self._default_stream = None            # made on first use: MPS's needs the device
 
     def current_stream(self, index: Optional[int] = None):
@@ -140,5 +159,3 @@ class HostStreams:
         finally:
             state.stream = previous
 
-    def record_stream(self, tensor, stream) -> None:
-        pass                                   # no allocator reuse across streams to guard

@@ -26,10 +26,13 @@ import weakref
 
 import torch
 
+from ..backends import staged
+
 # The libraries that hand a group's collectives to several threads, so that a later one can
-# finish first. NCCL, HCCL, XCCL and oneCCL order a communicator's work on a stream, and
-# MPI runs it on one thread.
-COMPLETES_OUT_OF_ORDER = frozenset({"gloo"})
+# finish first: gloo, and cudashim's host-staged library, gloo underneath for host tensors.
+# NCCL, HCCL, XCCL and oneCCL order a communicator's work on a stream, and MPI runs it on
+# one thread.
+COMPLETES_OUT_OF_ORDER = frozenset({"gloo", staged.NAME})
 
 
 class IssueOrder:

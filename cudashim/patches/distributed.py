@@ -11,6 +11,7 @@ import weakref
 
 import torch
 
+from ..backends import staged
 from ..callers import hears_truth
 from . import _nccl_order as nccl_order, _nccl_shapes as nccl_shapes
 from ._group_exit import NcclGroupExit
@@ -103,6 +104,8 @@ def install(activation):
     import torch.distributed as dist
 
     target, report = activation.backend, activation.report
+    if target.collective == staged.NAME:
+        _register_library(activation, dist, staged.NAME, staged.create, ["cpu", target.device_type])
     spellings = None if activation.settings.is_honest("get_backend") else NcclSpellings()
     nccl_groups = NcclGroupExit(activation, dist)
 
@@ -187,6 +190,33 @@ def install(activation):
             return functools.wraps(original)(get_backend)
 
         activation.replace(dist, "get_backend", make_get_backend)
+
+
+def _register_library(activation, dist, name, create, devices) -> None:
+    """``Backend.register_backend`` for cudashim's own collective library; deactivation
+    takes out what it added (torch has no way to unregister)."""
+    Backend = dist.Backend
+    if name.upper() in Backend._plugins:
+        return
+    before = {device: Backend.default_device_backend_map.get(device) for device in devices}
+    Backend.register_backend(name, create, devices=devices)
+
+    def unregister():
+        Backend._plugins.pop(name.upper(), None)
+        for table in (Backend.backend_capability, Backend.backend_type_map):
+            table.pop(name, None)
+        if name in Backend.backend_list:
+            Backend.backend_list.remove(name)
+        for device, previous in before.items():
+            if Backend.default_device_backend_map.get(device) == name:
+                if previous is None:
+                    del Backend.default_device_backend_map[device]
+                else:
+                    Backend.default_device_backend_map[device] = previous
+        if vars(Backend).get(name.upper()) == name:
+            delattr(Backend, name.upper())
+
+    activation.registry.add_undo(f"torch.distributed backend {name!r}", unregister)
 
 
 def _nccl_semantics(c10d, nccl_groups) -> list:

@@ -71,7 +71,7 @@ TF32_FLAGS = ("allow_tf32", "fp32_precision")
 def _count_flags(activation):
     report, backend = activation.report, activation.backend
     mapped = activation.precision.float32_matmul_precision if activation.precision else None
-    no_effect = f"no effect: {backend.name} has no cuDNN"
+    no_effect = f"no effect: {backend.device_type} has no cuDNN"
 
     def became(flag):
         return f"oneDNN {mapped} float32 precision" if flag in TF32_FLAGS and mapped else no_effect

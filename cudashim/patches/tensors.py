@@ -9,6 +9,7 @@ import functools
 
 import torch
 
+from ..backends.host import HostStream
 from ..callers import hears_truth
 from .rewriter import DEVICE, apply, compiled_twin, rewrite
 
@@ -31,9 +32,18 @@ TRANSLATES = (("torch:Tensor.cuda", "device"), ("torch:TypedStorage.cuda", "devi
               *((d.target, "device") for d in PINNING))
 
 
+def builtin_device_getter(device_type):
+    """``TensorBase.is_<type>`` where that C getter checks ``device_type``; None otherwise.
+    A vendor's PrivateUse1 device may take the name of a device type torch has in-tree
+    (torchvulkan's "vulkan"), whose getter checks the in-tree type instead."""
+    if device_type == torch._C._get_privateuse1_backend_name():
+        return None
+    return vars(torch._C.TensorBase).get(f"is_{device_type}")
+
+
 def on_target_check(backend):
     """A fast ``tensor -> bool``: does the tensor live on the target device type?"""
-    getter = vars(torch._C.TensorBase).get(f"is_{backend.device_type}")
+    getter = builtin_device_getter(backend.device_type)
     if getter is not None:
         return getter.__get__
     device_type = backend.device_type
@@ -46,7 +56,7 @@ def is_cuda_property(real_is_cuda, backend, compiled=None):
     if compiled is not None:
         from ..callers import compiled_truth
         # TensorBase.is_<type> is read in C as a descriptor; otherwise the Python check.
-        on_target = vars(torch._C.TensorBase).get(f"is_{backend.device_type}") or on_target_check(backend)
+        on_target = builtin_device_getter(backend.device_type) or on_target_check(backend)
         return compiled.IsCuda(compiled_truth(compiled), real_is_cuda, on_target, doc)
     on_target, real = on_target_check(backend), real_is_cuda.__get__
 
@@ -86,7 +96,9 @@ def install(activation):
         def make_get_device(original):
             def get_device(self):
                 if on_target(self) and not hears_truth():
-                    return backend.current_device() if backend.device_type == "cpu" else original(self)
+                    # Where CUDA indices share devices, the device's own index is not the
+                    # program's: its current CUDA device is.
+                    return backend.current_device() if backend.shares_devices else original(self)
                 return original(self)
             return functools.wraps(original)(get_device)
 
@@ -108,8 +120,14 @@ def install(activation):
         activation.replace(T, "is_pinned", lambda original: functools.wraps(original)(
             lambda self, device=None: False))
 
-    activation.replace(T, "record_stream", lambda original: functools.wraps(original)(
-        lambda self, stream: backend.record_stream(self, stream)))
+    def make_record_stream(original):
+        def record_stream(self, stream):
+            if isinstance(stream, HostStream):   # one queue: no reuse across streams to guard
+                return None
+            return original(self, stream)
+        return functools.wraps(original)(record_stream)
+
+    activation.replace(T, "record_stream", make_record_stream)
 
     translate_storage = activation.translator.for_api("Storage.cuda")
     for storage_cls in (torch.UntypedStorage, torch.TypedStorage):

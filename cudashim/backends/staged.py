@@ -1,0 +1,126 @@
+"""A collective library for accelerators that have none: collectives staged through host memory.
+
+A vendor extension may register a device with torch but no ``torch.distributed`` backend for
+it (torchvulkan has none). A program's NCCL request then becomes this process group: each
+collective copies the device tensors it is given to host memory, runs gloo's collective on
+the copies, and copies what gloo wrote back into the device tensors; tensors already in host
+memory go to gloo untouched. Torch builds a whole process group from a Python one, so this
+group serves every device, the host included.
+
+Work on device tensors finishes before the call returns (the copies back need gloo's result);
+the handle given back is complete, and its future holds the device tensors, as gloo's holds
+its own. Host tensors keep gloo's asynchronous work.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+NAME = "staged"
+
+# Each collective of torch's ProcessGroup: (gloo's method for it, the argument it writes, or
+# None where it writes nothing). torch 2.13 calls the ``*_single`` names; older torch and
+# C++ callers (DDP) the others.
+_COLLECTIVES = {
+    "allreduce": ("allreduce", 0), "allreduce_coalesced": ("allreduce_coalesced", 0),
+    "broadcast": ("broadcast", 0), "reduce": ("reduce", 0),
+    "allgather": ("allgather", 0), "allgather_coalesced": ("allgather_coalesced", 0),
+    "_allgather_base": ("_allgather_base", 0), "all_gather_single": ("_allgather_base", 0),
+    "gather": ("gather", 0), "scatter": ("scatter", 0),
+    "reduce_scatter": ("reduce_scatter", 0), "_reduce_scatter_base": ("_reduce_scatter_base", 0),
+    "reduce_scatter_single": ("_reduce_scatter_base", 0),
+    "alltoall": ("alltoall", 0), "alltoall_base": ("alltoall_base", 0),
+    "all_to_all_single": ("alltoall_base", 0),
+    "recv": ("recv", 0), "recv_anysource": ("recv_anysource", 0), "send": ("send", None),
+    "barrier": ("barrier", None), "monitored_barrier": ("monitored_barrier", None),
+}
+# Coalesced forms gloo lacks: (outputs, inputs, opts), run pair by pair with the single form.
+_PAIRWISE = {"all_gather_single_coalesced": "all_gather_single",
+             "allgather_into_tensor_coalesced": "all_gather_single",
+             "reduce_scatter_single_coalesced": "reduce_scatter_single",
+             "reduce_scatter_tensor_coalesced": "reduce_scatter_single"}
+
+
+@functools.lru_cache(maxsize=None)
+def _group_class():
+    """Made on first use: torch builds without ``torch.distributed`` have no ProcessGroup."""
+    import torch.distributed as dist
+    from torch._C._distributed_c10d import ProcessGroupGloo, _create_work_from_future
+
+    class HostStagedGroup(dist.ProcessGroup):
+        """A process group whose collectives run on gloo, through host copies of device
+        tensors."""
+
+        def __init__(self, store, rank: int, size: int, timeout):
+            super().__init__(rank, size)
+            self._host = ProcessGroupGloo(store, rank, size, timeout)
+
+        def getBackendName(self) -> str:
+            return NAME
+
+        def _collective(self, name, *args, **options):
+            method, written = _COLLECTIVES[name]
+            copies = []                           # (device tensor, its host copy)
+            staged = _on_host(args, copies)
+            work = getattr(self._host, method)(*staged, **options)   # opts=, as torch passes it
+            if not copies:
+                return work                       # host tensors only: gloo's own work
+            work.wait()
+            for device, host in copies:
+                if written is not None and _contains(args[written], device):
+                    device.copy_(host)
+            return _done(args[written] if written is not None else [])
+
+        def _pairwise(self, name, outputs, inputs, opts):
+            for output, given in zip(outputs, inputs):
+                getattr(self, _PAIRWISE[name])(output, given, opts).wait()
+            return _done(list(outputs))
+
+    def _done(value):
+        """A finished work whose future holds ``value``."""
+        future = torch.futures.Future()
+        future.set_result(value)
+        return _create_work_from_future(future)
+
+    for name in _COLLECTIVES:
+        setattr(HostStagedGroup, name, _forwarding(name, "_collective"))
+    for name in _PAIRWISE:
+        setattr(HostStagedGroup, name, _forwarding(name, "_pairwise"))
+    return HostStagedGroup
+
+
+def _forwarding(name, how):
+    def collective(self, *args, **options):
+        return getattr(self, how)(name, *args, **options)
+    collective.__name__ = collective.__qualname__ = name
+    collective.__doc__ = f"torch's ``{name}`` on gloo, staged through host memory for device tensors."
+    return collective
+
+
+def _on_host(value, copies):
+    """``value`` (tensors, nested in lists and tuples) with each device tensor replaced by a
+    host copy, recorded in ``copies``."""
+    if isinstance(value, torch.Tensor):
+        if value.device.type == "cpu":
+            return value
+        host = value.to("cpu")
+        copies.append((value, host))
+        return host
+    if isinstance(value, (list, tuple)):
+        return type(value)(_on_host(item, copies) for item in value)
+    return value
+
+
+def _contains(value, tensor) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value is tensor
+    if isinstance(value, (list, tuple)):
+        return any(_contains(item, tensor) for item in value)
+    return False
+
+
+def create(store, rank, size, timeout):
+    """torch.distributed's constructor for the library (``Backend.register_backend``)."""
+    return _group_class()(store, rank, size, timeout)
