@@ -14,6 +14,7 @@ import sys
 import traceback
 
 from . import __version__, backends, callers, speedups
+from .backends import staged
 from .kernels import native
 from .backends.base import module_found
 from .errors import BackendUnavailableError
@@ -115,7 +116,10 @@ def doctor(settings) -> int:
             out(f"chosen backend: {backend.describe()}, {reason}\n")
             out(f"devices: {backend.device_count()} ({backend.get_device_name(None)})\n")
             try:
-                out(f"collectives: NCCL becomes '{backend.process_group_backend()}'\n")
+                became = backend.process_group_backend()
+                how = " (through host memory to gloo: the device has no collective library)" \
+                    if became == staged.NAME else ""
+                out(f"collectives: NCCL becomes '{became}'{how}\n")
             except BackendUnavailableError as exc:
                 out(f"collectives: none ({exc})\n")
             out("policies: " + ", ".join(

@@ -487,25 +487,8 @@ def test_pynvml_answers_for_the_target(shim):
 # --- whole programs -------------------------------------------------------------------------
 def test_transformers_flash_attention_2_generates_what_sdpa_generates(tmp_path):
     pytest.importorskip("transformers")
-    program = tmp_path / "generate.py"
-    program.write_text(textwrap.dedent("""
-        import json, sys, torch
-        from transformers import LlamaConfig, LlamaForCausalLM
-        config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-        torch.manual_seed(0)
-        LlamaForCausalLM(config).save_pretrained(sys.argv[1])
-        tokens = {}
-        for implementation in ("sdpa", "flash_attention_2"):
-            model = LlamaForCausalLM.from_pretrained(sys.argv[1], attn_implementation=implementation,
-                                                     dtype=torch.float32).cuda()
-            prompt = torch.tensor([[1, 5, 9, 13, 2, 7]], device="cuda")
-            out = model.generate(prompt, max_new_tokens=12, do_sample=False)
-            tokens[implementation] = out[0].tolist()
-            print(implementation, model.config._attn_implementation)
-        print(json.dumps(tokens))
-    """))
-    run = python("-m", "cudashim", "--report", str(program), str(tmp_path / "model"), timeout=600)
+    run = python("-m", "cudashim", "--report", "tests/programs/hf_generate.py", str(tmp_path / "model"),
+                 timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "flash_attention_2 flash_attention_2" in run.stdout
     tokens = json.loads(run.stdout.strip().splitlines()[-1])

@@ -1,0 +1,117 @@
+"""torchvulkan: a real PrivateUse1 accelerator nobody here wrote, as a cudashim target.
+
+torchvulkan (PyPI) runs on Mesa's software Vulkan driver ("llvmpipe"). Its tensors live in
+device memory (``.numpy()`` is refused, ``.cpu()`` copies), so a copy cudashim forgot, a
+wrong device or a host-only path fails here where the CPU backend hides it. It has no
+collective library, streams or events of its own: cudashim supplies them. The programs run
+under ``python -m cudashim --device-extension torchvulkan`` and are compared with the same
+programs on the CPU backend.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import python, torchrun
+
+VULKAN = ("--device-extension", "torchvulkan")
+
+
+def _why_vulkan_cannot_run():
+    """None where torchvulkan computes here. Asked in a fresh interpreter: importing it in the
+    test process would rename torch's PrivateUse1 device for every test that follows."""
+    probe = "import torch, torchvulkan; print(torch.ones(2, device='vulkan').sum().item())"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    if result.returncode == 0 and result.stdout.strip() == "2.0":
+        return None
+    last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+    return (f"torchvulkan cannot run here ({last}): pip install torchvulkan==0.2.1, and the Vulkan "
+            "loader and Mesa's driver (apt install libvulkan1 mesa-vulkan-drivers)")
+
+
+WHY_NOT = _why_vulkan_cannot_run()
+pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT))
+
+
+def _run(*args, vulkan=True, timeout=600):
+    result = python("-m", "cudashim", *(VULKAN if vulkan else ()), *args, timeout=timeout)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result
+
+
+def test_a_cuda_program_sees_cuda_on_vulkan_with_memory_of_its_own(tmp_path):
+    seen = {}
+    for target, vulkan in (("vulkan", True), ("cpu", False)):
+        _run("tests/programs/device_semantics.py", str(tmp_path / f"{target}.json"),
+             str(tmp_path / f"{target}.pt"), vulkan=vulkan)
+        seen[target] = json.loads((tmp_path / f"{target}.json").read_text())
+    vulkan, cpu = seen["vulkan"], seen["cpu"]
+    assert vulkan["host_readable"] is False and cpu["host_readable"] is True
+    assert vulkan["device_index"] == 0 and vulkan["device_count"] == 1 and vulkan["memory_allocated"] > 0
+    assert vulkan["loader_sum"] == cpu["loader_sum"] == 120
+    # float16 autocast on vulkan, the CPU's fast dtype on the host: the same first loss, nearly
+    assert vulkan["amp_losses"][0] == pytest.approx(cpu["amp_losses"][0], rel=1e-3)
+    assert all(loss == loss for loss in vulkan["amp_losses"]) and vulkan["amp_losses"][-1] < vulkan["amp_losses"][0]
+
+    doctor = python("-c", "from cudashim.cli import main; main()", "doctor", *VULKAN)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    assert "chosen backend: accelerator 'vulkan'" in doctor.stdout
+    assert "NCCL becomes 'staged' (through host memory to gloo" in doctor.stdout
+
+
+def test_the_gpt_example_trains_checkpoints_and_resumes_on_vulkan_as_on_the_cpu(tmp_path):
+    """Events time its steps; the checkpoint is saved on the device and restored."""
+    losses = {}
+    for target, vulkan in (("vulkan", True), ("cpu", False)):
+        run = _run("examples/gpt.py", "--steps", "6", "--checkpoint", str(tmp_path / target / "ckpt.pt"),
+                   "--losses", str(tmp_path / f"{target}.json"), vulkan=vulkan)
+        assert "6 steps in" in run.stdout and "restored" in run.stdout      # timed with events
+        losses[target] = json.loads((tmp_path / f"{target}.json").read_text())
+    assert losses["vulkan"] == pytest.approx(losses["cpu"], rel=5e-3)
+    assert losses["vulkan"][-1] < losses["vulkan"][0]
+
+
+def test_ddp_on_two_ranks_sharing_one_vulkan_device_trains_as_on_the_cpu(tmp_path):
+    """NCCL becomes collectives staged through host memory; each rank's set_device(local_rank)
+    lands on the one device."""
+    import torch
+    for target, options in (("vulkan", VULKAN), ("cpu", ())):
+        result = torchrun("tests/programs/ddp_train.py", "--epochs", "1", "--out", str(tmp_path / f"{target}.pt"),
+                          shim_options=options, timeout=600)
+        assert result.returncode == 0, result.stderr[-4000:]
+    on_vulkan = torch.load(tmp_path / "vulkan.pt", map_location="cpu")      # tagged vulkan:0
+    on_cpu = torch.load(tmp_path / "cpu.pt")
+    assert on_vulkan.keys() == on_cpu.keys()
+    for key in on_cpu:
+        torch.testing.assert_close(on_vulkan[key], on_cpu[key], rtol=1e-5, atol=1e-6)
+
+
+def test_spawned_ranks_share_the_vulkan_device_when_asked_for_two(tmp_path):
+    _run("--device-count", "2", "tests/programs/spawned_ranks.py", str(tmp_path / "spawned"))
+    ranks = [json.loads((tmp_path / f"spawned.rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert [rank["current"] for rank in ranks] == [0, 1]
+    for rank in ranks:
+        assert rank == {**rank, "sum": [3.0, 3.0, 3.0], "is_cuda": True, "backend": "nccl"}
+
+
+def test_transformers_generates_the_same_tokens_on_vulkan_as_on_the_cpu(tmp_path):
+    pytest.importorskip("transformers")
+    tokens = {}
+    for target, vulkan in (("vulkan", True), ("cpu", False)):
+        run = _run("tests/programs/hf_generate.py", str(tmp_path / target), vulkan=vulkan)
+        tokens[target] = json.loads(run.stdout.strip().splitlines()[-1])
+    assert tokens["vulkan"] == tokens["cpu"]
+    assert tokens["vulkan"]["sdpa"] == tokens["vulkan"]["flash_attention_2"]
+
+
+def test_the_cuda_libraries_example_trains_on_vulkan_with_the_stand_ins(tmp_path):
+    """flash_attn, apex and pynvml stand-ins on device tensors. The example draws its batches
+    on the device, whose generator is not the host's, so its losses are compared in shape."""
+    run = _run("--report", "examples/cuda_libraries.py", "--steps", "20", "--losses", str(tmp_path / "a.json"))
+    losses = json.loads((tmp_path / "a.json").read_text())
+    assert len(losses) == 20 and losses[-1] < losses[0] / 2
+    assert "GPU memory used" in run.stdout
+    for library in ("flash_attn", "apex", "pynvml"):
+        assert f"{library}: the real package is not installed" in run.stderr
