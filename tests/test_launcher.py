@@ -57,6 +57,8 @@ def test_missing_script_fails_as_python_does(tmp_path):
     (["--backend", "tpu", "-c", "1"], "unknown cudashim backend 'tpu'; valid: auto, cuda, xpu, npu, hpu, mps, accelerator, cpu"),
     (["--backend", "cuda", "-c", "1"], "cudashim backend 'cuda' cannot run here: no working CUDA"),
     (["--device-count", "x", "-c", "1"], "device_count='x': expected a whole number of devices"),
+    (["--device-extension", "no_such_extension", "-c", "1"],
+     "the device extension 'no_such_extension' cannot be imported: No module named 'no_such_extension'"),
     ([], "no program given"),
 ])
 def test_bad_options_fail_with_status_2_and_one_line(args, message):
