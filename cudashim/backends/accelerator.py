@@ -30,6 +30,10 @@ from .host import DeviceProperties
 ACCELERATOR_NAMES = {"current_device": "current_device_index", "set_device": "set_device_index",
                      "mem_get_info": "get_memory_info"}
 
+# The fields of torch.cuda.get_device_properties() that CUDA programs read.
+CUDA_PROPERTIES = ("name", "total_memory", "major", "minor", "multi_processor_count")
+
+
 class AcceleratorBackend(Backend):
     name = "accelerator"
     device_type = "privateuseone"              # replaced by the real type when built
@@ -126,12 +130,18 @@ class AcceleratorBackend(Backend):
         return own(self._real(index)) if own else f"{self.device_type}:{self.current_device() if index is None else index}"
 
     def get_device_properties(self, index: Optional[int] = None):
+        """The vendor's properties where they carry the fields CUDA programs read
+        (``major``, ``minor``, ``multi_processor_count``, ...); otherwise cudashim's, with
+        the vendor's name and memory (torchvulkan's have neither capability nor SM count)."""
         own = self._vendor("get_device_properties")
-        if own:
-            return own(self._real(index))
+        properties = own(self._real(index)) if own else None
+        if properties is not None and all(hasattr(properties, field) for field in CUDA_PROPERTIES):
+            return properties
         major, minor = self.get_device_capability(index)
-        return DeviceProperties(name=self.get_device_name(index), total_memory=self.mem_get_info(index)[1],
-                                major=major, minor=minor, multi_processor_count=1)
+        return DeviceProperties(
+            name=getattr(properties, "name", None) or self.get_device_name(index),
+            total_memory=getattr(properties, "total_memory", None) or self.mem_get_info(index)[1],
+            major=major, minor=minor, multi_processor_count=1)
 
     def is_bf16_supported(self, including_emulation: bool = True) -> bool:
         own = self._vendor("is_bf16_supported")

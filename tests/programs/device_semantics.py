@@ -19,6 +19,9 @@ x = torch.arange(6, dtype=torch.float32).reshape(2, 3).cuda()
 assert x.is_cuda and x.get_device() == 0 and torch.cuda.current_device() == 0
 assert x.device == torch.device("cuda", 0)
 seen["device_index"] = x.device.index           # the real device's: None on the host
+properties = torch.cuda.get_device_properties(0)     # the fields CUDA programs read
+assert properties.total_memory > 0 and properties.multi_processor_count >= 1 and properties.name
+assert (properties.major, properties.minor) == torch.cuda.get_device_capability(0)
 seen["host_readable"] = True
 try:
     x.numpy()
