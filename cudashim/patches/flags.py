@@ -14,6 +14,7 @@ import torch.backends.cuda
 import torch.nn.attention
 
 from ..errors import warn_once
+from ._watched import WatchedAttributes
 
 
 def _enabled_backends():
@@ -96,21 +97,6 @@ def _count_flags(activation):
                 return answer
             return functools.wraps(original)(asked)
         activation.replace(torch.backends.cudnn, question, make_question)
-    activation.registry.set_attr(torch.backends.cuda, "matmul", _CountedMatmulFlags(
-        torch.backends.cuda.matmul, lambda flag: report.count(f"torch.backends.cuda.matmul.{flag} =",
-                                                              became(flag))))
-
-
-class _CountedMatmulFlags:
-    """``torch.backends.cuda.matmul`` while the report is on: each write is counted."""
-
-    def __init__(self, flags, count):
-        object.__setattr__(self, "_flags", flags)
-        object.__setattr__(self, "_count", count)
-
-    def __getattr__(self, name):
-        return getattr(self._flags, name)
-
-    def __setattr__(self, name, value):
-        self._count(name)
-        setattr(self._flags, name, value)
+    activation.registry.set_attr(torch.backends.cuda, "matmul", WatchedAttributes(
+        torch.backends.cuda.matmul,
+        lambda flag, value: report.count(f"torch.backends.cuda.matmul.{flag} =", became(flag))))

@@ -26,6 +26,8 @@ import weakref
 import torch
 import torch.nn.functional as F
 
+from ._watched import WatchedAttributes
+
 HALF = torch.float16
 
 # (owner, name, where the first tensor is) for every function computed wider.
@@ -195,8 +197,15 @@ def _map_tf32(activation, reduced: str):
 
     activation.registry.add_undo("oneDNN float32 precision", lambda: [
         set_target(op, False) for op in before])
+    def matmul_flag_written(name, value):
+        # Turning TF32 on or off also turns the target's reduced-precision matmul on or off.
+        if name == "allow_tf32":
+            set_target("matmul", bool(value))
+        elif name == "fp32_precision":
+            set_target("matmul", value == "tf32")
+
     activation.registry.set_attr(torch.backends.cuda, "matmul",
-                                 _MatmulFlags(torch.backends.cuda.matmul, set_target))
+                                 WatchedAttributes(torch.backends.cuda.matmul, matmul_flag_written))
     cudnn_class = type(torch.backends.cudnn)
     real = vars(cudnn_class)["allow_tf32"]
 
@@ -215,22 +224,3 @@ def _map_tf32(activation, reduced: str):
         return set_float32_matmul_precision
 
     activation.replace(torch, "set_float32_matmul_precision", make_set_precision)
-
-
-class _MatmulFlags:
-    """``torch.backends.cuda.matmul`` as the program sees it: every flag is the real one,
-    and turning TF32 on or off also turns the target's reduced-precision matmul on or off."""
-
-    def __init__(self, real, set_target):
-        object.__setattr__(self, "_real", real)
-        object.__setattr__(self, "_set_target", set_target)
-
-    def __getattr__(self, name):
-        return getattr(self._real, name)
-
-    def __setattr__(self, name, value):
-        setattr(self._real, name, value)
-        if name == "allow_tf32":
-            self._set_target("matmul", bool(value))
-        elif name == "fp32_precision":
-            self._set_target("matmul", value == "tf32")
