@@ -48,17 +48,20 @@ def self_check() -> None:
 
 
 def kernel_gaps(settings) -> int:
-    """``cudashim doctor --kernels``: the dtype gaps of the target's kernels, and their fill."""
+    """``cudashim doctor --kernels``: what the target's kernels lack that CUDA's have (dtypes
+    on the CPU, CUDA-only ops on an accelerator), and how each is filled."""
     import torch
 
     from .kernels.gap_fill import compute_dtype
     from .patches import kernel_gaps as gaps_group
 
+    backends.import_extensions(settings.device_extension)
     backend_cls, _ = backends.resolve(settings.backend)
+    device_type = backend_cls.accelerator_type() if backend_cls.name == backends.GENERIC \
+        else backend_cls.device_type
     out = sys.stdout.write
-    if backend_cls.device_type != "cpu":
-        out(f"kernel gaps: known for the CPU only (from torch's operator database); the "
-            f"'{backend_cls.name}' backend's kernels are used as they are\n")
+    if device_type != "cpu":
+        _accelerator_kernels(device_type, out)
         return 0
     found = gaps_group.gaps()
     out(f"kernel gaps on the CPU (torch {torch.__version__}): {len(found)} functions take dtypes "
@@ -83,6 +86,36 @@ def kernel_gaps(settings) -> int:
             out(textwrap.fill(", ".join(names), width=96, initial_indent="    ",
                               subsequent_indent="    ") + "\n")
     return 0
+
+
+def _accelerator_kernels(device_type: str, out) -> None:
+    import textwrap
+
+    import torch
+
+    from .patches import kernel_gaps as gaps_group
+
+    out(f"dtype gaps: known for the CPU only (from torch's operator database); the "
+        f"'{device_type}' kernels take the dtypes they take\n")
+    key = gaps_group.dispatch_key(device_type)
+    if key is None:
+        out(f"ops: '{device_type}' has no dispatch key of its own; its kernels are used as they are\n")
+        return
+    missing = gaps_group.missing_ops(device_type)
+    filled = ", ".join(f"aten::{name}" for name in missing) or "none: the target has them all"
+    out(f"CUDA-only ops torch calls on an accelerator (LSTM and GRU cells) that '{device_type}' lacks, "
+        f"computed by cudashim's portable kernels on the device: {filled}\n")
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    host_only = sorted(name for name in torch._C._dispatch_get_all_op_names()
+                       if name.startswith("aten::") and has(name, "CPU") and not has(name, key))
+    if torch._C._dispatch_has_backend_fallback(getattr(torch._C.DispatchKey, key)):
+        how = (f"the '{device_type}' extension's own fallback runs them on the host and copies "
+               f"the results back")
+    else:
+        how = f"'{device_type}' has no fallback: a call to one fails as it does without cudashim"
+    out(f"ops with a host kernel and none on '{device_type}' ({len(host_only)}; {how}):\n")
+    out(textwrap.fill(", ".join(name.replace("aten::", "") for name in host_only), width=96,
+                      initial_indent="  ", subsequent_indent="  ") + "\n")
 
 
 def doctor(settings) -> int:

@@ -144,3 +144,74 @@ def test_doctor_lists_the_gaps_and_how_each_is_computed():
     assert f"{len(GAPS)} functions" in result.stdout
     line = next(line for line in result.stdout.splitlines() if line.strip().startswith("torch.abs "))
     assert "bool in uint8" in line and "Tensor.abs_" in line
+
+
+# --- CUDA-only ops torch calls on accelerators ---------------------------------------------
+def _fused(forward, backward_of):
+    """An autograd Function from a portable forward kernel and its backward kernel, as the
+    dispatcher pairs them through torch's derivative formulas."""
+    class Fused(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *args):
+            outputs = forward(*args)
+            ctx.save_for_backward(*args, *outputs)
+            return outputs
+
+        @staticmethod
+        def backward(ctx, *grads):
+            return backward_of(ctx.saved_tensors, grads)
+    return Fused.apply
+
+
+def _lstm_backward(saved, grads):
+    from cudashim.kernels.cuda_only_ops import fused_lstm_cell_backward_impl
+    _, _, cx, _, _, _, cy, workspace = saved
+    grad_gates, grad_cx, grad_bias = fused_lstm_cell_backward_impl(grads[0], grads[1], cx, cy, workspace, True)
+    return grad_gates, grad_gates, grad_cx, grad_bias, grad_bias
+
+
+def _gru_backward(saved, grads):
+    from cudashim.kernels.cuda_only_ops import fused_gru_cell_backward
+    workspace = saved[-1]
+    return fused_gru_cell_backward(grads[0], workspace, True)
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_the_portable_fused_cells_compute_what_torch_computes_unfused(cell):
+    """The fused LSTM and GRU cells (CUDA-only ops torch calls on every accelerator) and
+    their backward kernels give the values and gradients of torch's own unfused cell."""
+    from cudashim.kernels import cuda_only_ops
+
+    torch.manual_seed(0)
+    gates = 4 if cell == "lstm" else 3
+    batch, size, hidden = 3, 5, 4
+    leaves = [torch.randn(*shape, dtype=torch.float64, requires_grad=True) for shape in (
+        (batch, size), (batch, hidden), (batch, hidden), (gates * hidden, size),
+        (gates * hidden, hidden), (gates * hidden,), (gates * hidden,))]
+    x, hx, cx, w_ih, w_hh, b_ih, b_hh = leaves
+    if cell == "lstm":
+        expected = torch.lstm_cell(x, (hx, cx), w_ih, w_hh, b_ih, b_hh)
+        fused = _fused(cuda_only_ops.fused_lstm_cell, _lstm_backward)
+        got = fused(x @ w_ih.T, hx @ w_hh.T, cx, b_ih, b_hh)[:2]
+    else:
+        expected = (torch.gru_cell(x, hx, w_ih, w_hh, b_ih, b_hh),)
+        fused = _fused(cuda_only_ops.fused_gru_cell, _gru_backward)
+        got = fused(x @ w_ih.T, hx @ w_hh.T, hx, b_ih, b_hh)[:1]
+    for mine, theirs in zip(got, expected):
+        torch.testing.assert_close(mine, theirs)
+    weights = [torch.randn_like(t) for t in expected]
+    used = [leaf for leaf in leaves if cell == "lstm" or leaf is not cx]
+    expected_grads = torch.autograd.grad(expected, used, weights)
+    got_grads = torch.autograd.grad(got, used, weights)
+    for mine, theirs in zip(got_grads, expected_grads):
+        torch.testing.assert_close(mine, theirs)
+
+
+def test_portable_kernels_are_registered_only_where_the_target_has_none():
+    from cudashim.patches import kernel_gaps
+
+    assert kernel_gaps.dispatch_key("cpu") is None and kernel_gaps.missing_ops("cpu") == []
+    assert kernel_gaps.dispatch_key("xpu") == "XPU"
+    # This CPU build has no kernel for the fused cells on any accelerator's key.
+    assert kernel_gaps.missing_ops("xpu") == list(__import__("cudashim.kernels.cuda_only_ops",
+                                                             fromlist=["OPS"]).OPS)

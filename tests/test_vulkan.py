@@ -115,3 +115,24 @@ def test_the_cuda_libraries_example_trains_on_vulkan_with_the_stand_ins(tmp_path
     assert "GPU memory used" in run.stdout
     for library in ("flash_attn", "apex", "pynvml"):
         assert f"{library}: the real package is not installed" in run.stderr
+
+
+def test_recurrent_models_train_on_vulkan_as_on_the_cpu(tmp_path):
+    """nn.LSTM, nn.GRU and their cells call fused cell ops that only CUDA implements on
+    every accelerator; the host has no kernel for them either, so torchvulkan's own host
+    fallback cannot run them. cudashim's portable kernels compute them on the device."""
+    losses = {}
+    for target, vulkan in (("vulkan", True), ("cpu", False)):
+        run = _run("--report", "tests/programs/recurrent.py", str(tmp_path / f"{target}.json"), vulkan=vulkan)
+        losses[target] = json.loads((tmp_path / f"{target}.json").read_text())
+        filled = [line for line in run.stderr.splitlines() if "cudashim's portable kernel" in line]
+        assert len(filled) == (4 if vulkan else 0), run.stderr[-3000:]
+    assert losses["vulkan"].keys() == {"LSTM", "GRU", "LSTMCell", "GRUCell"}
+    for model, on_cpu in losses["cpu"].items():
+        assert losses["vulkan"][model] == pytest.approx(on_cpu, rel=1e-5)
+        assert losses["vulkan"][model][-1] < losses["vulkan"][model][0]
+
+    doctor = python("-c", "from cudashim.cli import main; main()", "doctor", "--kernels", *VULKAN)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    assert "aten::_thnn_fused_lstm_cell, aten::_thnn_fused_lstm_cell_backward_impl" in doctor.stdout
+    assert "extension's own fallback runs them on the host" in doctor.stdout

@@ -45,7 +45,7 @@ GROUPS: Tuple[str, ...] = (
     "compiled",        # torch.compile hears the same is_cuda as eager code
     "extensions",      # building a CUDA C++ extension: refused with the way out
     "substitutes",     # flash_attn, xformers, apex, pynvml: stand-ins where the real one fails
-    "kernel_gaps",     # dtypes CUDA kernels take and the CPU's refuse, computed wider
+    "kernel_gaps",     # what CUDA kernels do and the target's lack: wider dtypes, CUDA-only ops
     "cuda_module",     # the proxy torch.cuda and its submodules
     "device_module",   # the target's device module answers the torch.cuda names it lacks
 )

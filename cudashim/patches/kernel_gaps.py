@@ -1,14 +1,26 @@
-"""Dtypes the target's kernels lack where CUDA's have them are computed in a wider dtype.
+"""Kernels the target lacks where CUDA has them: wider dtypes, and CUDA-only ops torch calls.
 
-The table (``kernels/dtype_gaps.py``) is the CPU's, generated from torch's operator
-database; other targets' gaps are not known there, so this group fills only on the CPU.
-Each function with a gap (and its Tensor methods) is wrapped; no other op is touched.
+Dtype gaps: the table (``kernels/dtype_gaps.py``) is the CPU's, generated from torch's
+operator database; other targets' gaps are not known there, so dtypes are filled only on
+the CPU. Each function with a gap (and its Tensor methods) is wrapped; no other op is
+touched.
+
+Missing ops: on an accelerator, torch itself calls some ops only CUDA implements (the fused
+LSTM and GRU cells, ``kernels/cuda_only_ops.py``). Where the target's dispatch key has no
+kernel for one, cudashim's portable kernel is registered for it, and the registration is
+removed on deactivation. Ops the target lacks but the host has are the target's own host
+fallback's to run (``cudashim doctor --kernels`` lists them).
 """
 
+from __future__ import annotations
+
+import functools
 import importlib
+from typing import List, Optional
 
 import torch
 
+from ..kernels import cuda_only_ops
 from ..kernels.dtype_gaps import GAPS
 from ..kernels.gap_fill import filled
 
@@ -25,12 +37,60 @@ def gaps():
     return found
 
 
+def dispatch_key(device_type: str) -> Optional[str]:
+    """The dispatch key an accelerator's kernels are registered for, or None (the CPU, CUDA
+    or a device type the dispatcher has no key of its own for)."""
+    if device_type == torch._C._get_privateuse1_backend_name():
+        return "PrivateUse1"
+    key = device_type.upper()
+    if key in ("CPU", "CUDA") or not hasattr(torch._C.DispatchKey, key):
+        return None
+    return key
+
+
+def missing_ops(device_type: str) -> List[str]:
+    """The CUDA-only ops torch calls on accelerators that ``device_type`` has no kernel for."""
+    key = dispatch_key(device_type)
+    if key is None:
+        return []
+    return [name for name in cuda_only_ops.OPS
+            if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", key)]
+
+
 def install(activation):
-    if activation.backend.device_type != "cpu":
-        return
+    device_type = activation.backend.device_type
+    if device_type == "cpu":
+        _fill_dtype_gaps(activation)
+    missing = missing_ops(device_type)
+    if missing:
+        _register_portable_kernels(activation, device_type, missing)
+
+
+def _fill_dtype_gaps(activation):
     for owner, attribute, dtypes, methods in gaps():
         activation.replace(owner, attribute, lambda original, d=dtypes: filled(original, d))
         for method in methods:
             inplace_of = getattr(torch.Tensor, method[:-1]) if method.endswith("_") else None
             activation.replace(torch.Tensor, method,
                                lambda original, d=dtypes, o=inplace_of: filled(original, d, o))
+
+
+def _register_portable_kernels(activation, device_type, names):
+    library = torch.library.Library("aten", "IMPL")
+    activation.registry.add_undo(f"portable kernels for CUDA-only ops on {device_type}",
+                                 library._destroy)
+    report = activation.report
+    for name in names:
+        kernel = cuda_only_ops.OPS[name]
+        if report is not None:
+            kernel = _counted(kernel, f"aten::{name}", f"cudashim's portable kernel on {device_type}",
+                              report)
+        library.impl(name, kernel, dispatch_key(device_type))
+
+
+def _counted(kernel, api, became, report):
+    @functools.wraps(kernel)
+    def counted(*args, **kwargs):
+        report.count(api, became)
+        return kernel(*args, **kwargs)
+    return counted
