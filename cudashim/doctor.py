@@ -103,7 +103,7 @@ def _accelerator_kernels(device_type: str, out) -> None:
         return
     missing = gaps_group.missing_ops(device_type)
     filled = ", ".join(f"aten::{name}" for name in missing) or "none: the target has them all"
-    out(f"CUDA-only ops torch calls on an accelerator (LSTM and GRU cells) that '{device_type}' lacks, "
+    out(f"CUDA-only ops torch calls on an accelerator (LSTM and GRU cells, SyncBatchNorm) that '{device_type}' lacks, "
         f"computed by cudashim's portable kernels on the device: {filled}\n")
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     host_only = sorted(name for name in torch._C._dispatch_get_all_op_names()

@@ -131,5 +131,11 @@ def test_collectives_take_the_shapes_nccl_takes(world_of_one):
     stacked = torch.zeros(1, 2)
     dist.all_gather_into_tensor(stacked, torch.tensor([6.0, 7.0]))
     assert stacked.tolist() == [[6.0, 7.0]]
+    flat = torch.zeros(1, 2)                # SyncBatchNorm gathers columns into one row
+    dist.all_gather_into_tensor(flat, torch.tensor([[8.0], [9.0]]))
+    assert flat.tolist() == [[8.0, 9.0]]
+    scale = torch.zeros(1)
+    dist.all_gather_into_tensor(scale, torch.tensor(10.0))
+    assert scale.tolist() == [10.0]
     with pytest.raises(RuntimeError, match="invalid tensor size"):    # counts still must agree
         dist.all_gather([torch.zeros(2)], torch.tensor(3.0))

@@ -136,3 +136,16 @@ def test_recurrent_models_train_on_vulkan_as_on_the_cpu(tmp_path):
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     assert "aten::_thnn_fused_lstm_cell, aten::_thnn_fused_lstm_cell_backward_impl" in doctor.stdout
     assert "extension's own fallback runs them on the host" in doctor.stdout
+
+
+def test_sync_batch_norm_on_two_ranks_normalizes_with_the_whole_batch_on_vulkan(tmp_path):
+    """SyncBatchNorm's statistics ops are CUDA-only (cudashim's portable kernels on the
+    device), and it gathers them into a (1, world * n) tensor as NCCL allows (the staged
+    library hands gloo the concatenation): each rank's share normalizes, back-propagates
+    and updates running statistics as plain BatchNorm over the whole batch does."""
+    result = torchrun("tests/programs/sync_batchnorm.py", str(tmp_path / "sbn"), shim_options=VULKAN, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    for rank in (0, 1):
+        seen = json.loads((tmp_path / f"sbn.rank{rank}.json").read_text())
+        assert seen["device"] == "vulkan:0"
+        assert all(worst < 1e-5 for worst in seen["worst"].values()), seen

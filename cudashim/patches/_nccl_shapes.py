@@ -42,18 +42,25 @@ def _list_collective(list_name: str):
 
 
 def _into_tensor(original):
-    """``all_gather_into_tensor(output_tensor, input_tensor)``: a stacked output is handed
-    over as the concatenation it holds."""
+    """``all_gather_into_tensor(output_tensor, input_tensor)``: NCCL takes any output with
+    world-size times the input's elements (a stacked ``(world, *shape)`` one, SyncBatchNorm's
+    ``(1, world * n)``); the output is handed over as the concatenation along the first
+    dimension that it holds, a 0-d input as one element."""
     signature = inspect.signature(original)
 
     @functools.wraps(original)
     def all_gather_into_tensor(*args, **kwargs):
         bound = signature.bind(*args, **kwargs)
         output, given = bound.arguments.get("output_tensor"), bound.arguments.get("input_tensor")
-        if isinstance(output, torch.Tensor) and isinstance(given, torch.Tensor) and given.dim() > 0 \
-                and output.is_contiguous() and output.dim() == given.dim() + 1 \
-                and output.shape[1:] == given.shape:
-            bound.arguments["output_tensor"] = output.view(-1, *given.shape[1:])
+        if isinstance(output, torch.Tensor) and isinstance(given, torch.Tensor) and given.numel() \
+                and output.is_contiguous() and given.is_contiguous() \
+                and output.numel() % given.numel() == 0:
+            if given.dim() == 0:
+                given = bound.arguments["input_tensor"] = given.view(1)
+            world = output.numel() // given.numel()
+            concatenated = (world * given.shape[0], *given.shape[1:])
+            if output.shape != concatenated:
+                bound.arguments["output_tensor"] = output.view(concatenated)
         return original(*bound.args, **bound.kwargs)
     return all_gather_into_tensor
 

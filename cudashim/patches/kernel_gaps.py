@@ -6,9 +6,9 @@ the CPU. Each function with a gap (and its Tensor methods) is wrapped; no other 
 touched.
 
 Missing ops: on an accelerator, torch itself calls some ops only CUDA implements (the fused
-LSTM and GRU cells, ``kernels/cuda_only_ops.py``). Where the target's dispatch key has no
-kernel for one, cudashim's portable kernel is registered for it, and the registration is
-removed on deactivation. Ops the target lacks but the host has are the target's own host
+LSTM and GRU cells, SyncBatchNorm's statistics: ``kernels/cuda_only_ops.py``). Where the
+target's dispatch key has no kernel for one, cudashim's portable kernel is registered for
+it, and the registration is removed on deactivation. Ops the target lacks but the host has are the target's own host
 fallback's to run (``cudashim doctor --kernels`` lists them).
 """
 
