@@ -49,7 +49,7 @@ def self_check() -> None:
 
 def kernel_gaps(settings) -> int:
     """``cudashim doctor --kernels``: what the target's kernels lack that CUDA's have (dtypes
-    on the CPU, CUDA-only ops on an accelerator), and how each is filled."""
+    on the CPU, CUDA-only ops torch calls), and how each is filled."""
     import torch
 
     from .kernels.gap_fill import compute_dtype
@@ -63,6 +63,7 @@ def kernel_gaps(settings) -> int:
     if device_type != "cpu":
         _accelerator_kernels(device_type, out)
         return 0
+    out(_cuda_only_ops(device_type))
     found = gaps_group.gaps()
     out(f"kernel gaps on the CPU (torch {torch.__version__}): {len(found)} functions take dtypes "
         f"on CUDA that the CPU's kernels refuse; each computes in a wider dtype and casts back\n")
@@ -88,6 +89,15 @@ def kernel_gaps(settings) -> int:
     return 0
 
 
+def _cuda_only_ops(device_type: str) -> str:
+    from .patches import kernel_gaps as gaps_group
+
+    missing = ", ".join(f"aten::{name}" for name in gaps_group.missing_ops(device_type))
+    return (f"CUDA-only ops torch calls (LSTM and GRU cells on accelerators, SyncBatchNorm) that "
+            f"'{device_type}' lacks, computed by cudashim's portable kernels on the device: "
+            f"{missing or 'none: the target has them all'}\n")
+
+
 def _accelerator_kernels(device_type: str, out) -> None:
     import textwrap
 
@@ -101,10 +111,7 @@ def _accelerator_kernels(device_type: str, out) -> None:
     if key is None:
         out(f"ops: '{device_type}' has no dispatch key of its own; its kernels are used as they are\n")
         return
-    missing = gaps_group.missing_ops(device_type)
-    filled = ", ".join(f"aten::{name}" for name in missing) or "none: the target has them all"
-    out(f"CUDA-only ops torch calls on an accelerator (LSTM and GRU cells, SyncBatchNorm) that '{device_type}' lacks, "
-        f"computed by cudashim's portable kernels on the device: {filled}\n")
+    out(_cuda_only_ops(device_type))
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     host_only = sorted(name for name in torch._C._dispatch_get_all_op_names()
                        if name.startswith("aten::") and has(name, "CPU") and not has(name, key))

@@ -140,3 +140,16 @@ def test_collectives_written_for_nccl_complete_in_the_order_they_were_issued(tmp
         unfilled = json.loads((tmp_path / f"order.rank{rank}.json").read_text())
         assert set(unfilled) == {"wait_on_last", "blocking_after", "is_completed", "future", "subgroup"}
         assert not any(unfilled.values()), (rank, unfilled)
+
+
+def test_sync_batch_norm_under_ddp_normalizes_with_the_whole_batch_on_the_host(tmp_path):
+    """A --sync-bn trainer on the CPU target: DDP and SyncBatchNorm take host modules as
+    they take CUDA ones, and SyncBatchNorm's CUDA-only statistics ops are cudashim's
+    portable kernels. Each rank's share normalizes, back-propagates and updates running
+    statistics as plain BatchNorm over the whole batch does."""
+    result = torchrun("tests/programs/sync_batchnorm.py", str(tmp_path / "sbn"))
+    assert result.returncode == 0, result.stderr[-4000:]
+    for rank in (0, 1):
+        seen = json.loads((tmp_path / f"sbn.rank{rank}.json").read_text())
+        assert seen["device"] == "cpu"
+        assert all(worst < 1e-5 for worst in seen["worst"].values()), seen

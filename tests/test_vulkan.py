@@ -142,7 +142,8 @@ def test_sync_batch_norm_on_two_ranks_normalizes_with_the_whole_batch_on_vulkan(
     """SyncBatchNorm's statistics ops are CUDA-only (cudashim's portable kernels on the
     device), and it gathers them into a (1, world * n) tensor as NCCL allows (the staged
     library hands gloo the concatenation): each rank's share normalizes, back-propagates
-    and updates running statistics as plain BatchNorm over the whole batch does."""
+    and updates running statistics as plain BatchNorm over the whole batch does (the same
+    program on the CPU backend: tests/test_multiprocess.py)."""
     result = torchrun("tests/programs/sync_batchnorm.py", str(tmp_path / "sbn"), shim_options=VULKAN, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     for rank in (0, 1):

@@ -13,7 +13,7 @@ import torch
 
 from ..backends import staged
 from ..callers import hears_truth
-from . import _nccl_order as nccl_order, _nccl_shapes as nccl_shapes
+from . import _nccl_order as nccl_order, _nccl_shapes as nccl_shapes, _sync_batch_norm
 from ._group_exit import NcclGroupExit
 from .rewriter import BOUND_DEVICE, BOUND_DEVICES, BOUND_INDICES, DEVICE, DEVICE_TYPE, \
     Argument, Rewrite, rewrite, rewritten
@@ -174,6 +174,10 @@ def install(activation):
                            lambda original: _splitting_anywhere(original, c10d, real_new_group))
     activation.replace(dist, "is_nccl_available", lambda original: functools.wraps(original)(
         lambda: dist.is_backend_available(target.collective)))
+    if target.device_type == "cpu":            # SyncBatchNorm where CUDA's devices are the host
+        activation.replace(torch.nn.SyncBatchNorm, "forward", _sync_batch_norm.forward_on_the_host)
+        activation.replace(torch.nn.parallel.DistributedDataParallel, "_passing_sync_batchnorm_handle",
+                           _sync_batch_norm.ddp_accepts_it_on_the_host)
 
     if spellings is not None:
         def make_get_backend(original):

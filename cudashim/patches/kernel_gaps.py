@@ -5,11 +5,12 @@ operator database; other targets' gaps are not known there, so dtypes are filled
 the CPU. Each function with a gap (and its Tensor methods) is wrapped; no other op is
 touched.
 
-Missing ops: on an accelerator, torch itself calls some ops only CUDA implements (the fused
-LSTM and GRU cells, SyncBatchNorm's statistics: ``kernels/cuda_only_ops.py``). Where the
-target's dispatch key has no kernel for one, cudashim's portable kernel is registered for
-it, and the registration is removed on deactivation. Ops the target lacks but the host has are the target's own host
-fallback's to run (``cudashim doctor --kernels`` lists them).
+Missing ops: torch itself calls some ops only CUDA implements (on accelerators the fused LSTM
+and GRU cells; on any device SyncBatchNorm's statistics: ``kernels/cuda_only_ops.py``).
+Where the target's dispatch key has no kernel for one, cudashim's portable kernel is
+registered for it, and the registration is removed on deactivation. Ops an accelerator
+lacks but the host has are its own host fallback's to run (``cudashim doctor --kernels``
+lists them).
 """
 
 from __future__ import annotations
@@ -38,18 +39,18 @@ def gaps():
 
 
 def dispatch_key(device_type: str) -> Optional[str]:
-    """The dispatch key an accelerator's kernels are registered for, or None (the CPU, CUDA
-    or a device type the dispatcher has no key of its own for)."""
+    """The dispatch key a target's kernels are registered for, or None (CUDA itself, or a
+    device type the dispatcher has no key of its own for)."""
     if device_type == torch._C._get_privateuse1_backend_name():
         return "PrivateUse1"
     key = device_type.upper()
-    if key in ("CPU", "CUDA") or not hasattr(torch._C.DispatchKey, key):
+    if key == "CUDA" or not hasattr(torch._C.DispatchKey, key):
         return None
     return key
 
 
 def missing_ops(device_type: str) -> List[str]:
-    """The CUDA-only ops torch calls on accelerators that ``device_type`` has no kernel for."""
+    """The CUDA-only ops torch calls that ``device_type`` has no kernel for."""
     key = dispatch_key(device_type)
     if key is None:
         return []
