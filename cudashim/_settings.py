@@ -193,7 +193,8 @@ OPTIONS: Tuple[Option, ...] = (
                 "native CUDA code (bitsandbytes, flash_attn, ...); --honest-for=-name takes one of "
                 "those out"),
     Option("cuda_version", "CUDASHIM_CUDA_VERSION", "12.8", _parse_cuda_version, metavar="X.Y",
-           help="the torch.version.cuda the program and its libraries hear (default 12.8)"),
+           help="the torch.version.cuda the program and its libraries hear, and the cuDNN that "
+                "goes with it (default 12.8)"),
     Option("unsupported", "CUDASHIM_UNSUPPORTED", "warn", _one_of(UNSUPPORTED_POLICIES),
            choices=UNSUPPORTED_POLICIES,
            help="harmless unsupported CUDA APIs (the CUDA profiler's start/stop, TunableOp) "

@@ -17,13 +17,14 @@ PROBE = textwrap.dedent("""
         acc = torch.accelerator.current_accelerator()
         return {"is_available": torch.cuda.is_available(), "version": torch.version.cuda,
                 "is_built": torch.backends.cuda.is_built(),
+                "cudnn": torch.backends.cudnn.version(),
                 "accelerator": None if acc is None else acc.type,
                 "is_cuda": torch.zeros(1, device="cuda").is_cuda}
 """)
-TRUTH = {"is_available": False, "version": None, "is_built": False, "accelerator": None,
-         "is_cuda": False}
-COMPATIBLE = {"is_available": True, "version": "12.8", "is_built": True, "accelerator": "cpu",
-              "is_cuda": True}
+TRUTH = {"is_available": False, "version": None, "is_built": False, "cudnn": None,
+         "accelerator": None, "is_cuda": False}
+COMPATIBLE = {"is_available": True, "version": "12.8", "is_built": True, "cudnn": 91002,
+              "accelerator": "cpu", "is_cuda": True}
 
 
 @pytest.fixture
@@ -49,16 +50,18 @@ def test_libraries_that_load_cuda_code_hear_the_truth_and_others_the_compatible_
         cudashim.deactivate()
     # Deactivated: everyone hears the truth.
     assert (mylib.torch.cuda.is_available(), mylib.torch.version.cuda) == (False, None)
+    assert mylib.torch.backends.cudnn.version() is None
 
 
 def test_honest_for_adds_modules_and_takes_default_ones_out(libraries):
     import cudashim
-    cudashim.activate("cpu", honest_for="mylib,-bitsandbytes", cuda_version="13.0")
+    cudashim.activate("cpu", honest_for="mylib,-bitsandbytes", cuda_version="11.8")
     try:
         import bitsandbytes
         import mylib
         assert mylib.probe() == TRUTH
-        assert bitsandbytes.probe() == {**COMPATIBLE, "version": "13.0"}
+        # the cuDNN torch's wheels for that CUDA line ship
+        assert bitsandbytes.probe() == {**COMPATIBLE, "version": "11.8", "cudnn": 90100}
     finally:
         cudashim.deactivate()
 
@@ -74,6 +77,7 @@ def test_feature_gates_of_the_program_pass(shim):
 
     assert is_torch_tf32_available()
     assert torch.backends.cuda.is_built()
+    assert torch.backends.cudnn.is_available() and torch.backends.cudnn.version() >= 8000
     from torch.version import cuda
     assert cuda == "12.8" and torch.version.__version__ == shim.get_original(torch, "version").__version__
 

@@ -63,9 +63,9 @@ def install(activation):
         _count_flags(activation)
 
 
-# The cuDNN flags a program sets, and what cuDNN questions it asks.
+# The cuDNN flags a program sets (its questions are counted where they are answered,
+# in version_gates).
 CUDNN_FLAGS = ("enabled", "benchmark", "deterministic", "allow_tf32", "fp32_precision")
-CUDNN_QUESTIONS = ("version", "is_available")
 TF32_FLAGS = ("allow_tf32", "fp32_precision")
 
 
@@ -89,14 +89,6 @@ def _count_flags(activation):
         activation.registry.set_attr(cudnn_class, flag, property(
             lambda module, _current=current: _current.__get__(module, cudnn_class), counted_set,
             doc=current.__doc__))
-    for question in CUDNN_QUESTIONS:
-        def make_question(original, _question=question):
-            def asked(*args, **kwargs):
-                answer = original(*args, **kwargs)
-                report.count(f"torch.backends.cudnn.{_question}", repr(answer))
-                return answer
-            return functools.wraps(original)(asked)
-        activation.replace(torch.backends.cudnn, question, make_question)
     activation.registry.set_attr(torch.backends.cuda, "matmul", WatchedAttributes(
         torch.backends.cuda.matmul,
         lambda flag, value: report.count(f"torch.backends.cuda.matmul.{flag} =", became(flag))))
