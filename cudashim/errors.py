@@ -33,6 +33,15 @@ class UnsupportedCudaImport(UnsupportedCudaAPI, ImportError):
         self.name = api
 
 
+def invalid_device_ordinal(index: int, count: int, target: str, way_out: str = "") -> RuntimeError:
+    """CUDA's error for an index past the devices: ``torch.AcceleratorError`` where torch has
+    it (as CUDA raises since torch 2.8), else a RuntimeError; ``way_out`` says how to get more."""
+    import torch
+    error = getattr(torch, "AcceleratorError", RuntimeError)
+    return error(f"CUDA error: invalid device ordinal {index} ({target} has {count} device(s)"
+                 + (f"; {way_out})" if way_out else ")"))
+
+
 class UnknownBackendError(ValueError):
     """A backend name that is not in cudashim's table."""
 

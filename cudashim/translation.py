@@ -12,6 +12,8 @@ from typing import Any, Callable
 
 import torch
 
+from .errors import invalid_device_ordinal
+
 _CACHE_LIMIT = 512
 _UNCHANGED = object()      # cached for specs that are not CUDA: hand back the caller's object
 
@@ -137,6 +139,5 @@ def _check_index_against(backend):
     def check(index):
         count = backend.device_count()
         if not 0 <= index < count:
-            raise RuntimeError(f"CUDA error: invalid device ordinal {index} "
-                               f"(the {backend.name} backend has {count} device(s))")
+            raise invalid_device_ordinal(index, count, f"the {backend.name} backend")
     return check

@@ -17,7 +17,9 @@ def test_malformed_specs_fail_exactly_as_torch_fails(shim, spec):
 def test_out_of_range_index_is_one_clear_error(shim):
     for attempt in (lambda: torch.zeros(1, device="cuda:1"), lambda: torch.ones(1).cuda(3),
                     lambda: torch.ones(1).to(2), lambda: torch.cuda.set_device(5)):
-        with pytest.raises(RuntimeError, match="invalid device ordinal .* CUDASHIM_DEVICE_COUNT"):
+        # torch.AcceleratorError, as CUDA raises, naming the setting that makes more devices
+        with pytest.raises(torch.AcceleratorError,
+                           match=r"invalid device ordinal .*--device-count N \(CUDASHIM_DEVICE_COUNT=N\)"):
             attempt()
 
 

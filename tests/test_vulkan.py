@@ -150,3 +150,33 @@ def test_sync_batch_norm_on_two_ranks_normalizes_with_the_whole_batch_on_vulkan(
         seen = json.loads((tmp_path / f"sbn.rank{rank}.json").read_text())
         assert seen["device"] == "vulkan:0"
         assert all(worst < 1e-5 for worst in seen["worst"].values()), seen
+
+
+def test_data_parallel_and_model_parallel_on_two_cuda_devices_sharing_vulkan(tmp_path):
+    """nn.DataParallel, data_parallel, nn.parallel by hand and torch.cuda.comm over cuda:0 and
+    cuda:1, both on the one vulkan device: replicas get copies in device memory, host inputs
+    are scattered onto the device, gathers to "cpu" reach the host (the checks:
+    test_data_parallel.py). The tutorials' model-parallel halves and a DCGAN with --ngpu 2
+    train as on the CPU backend."""
+    from test_data_parallel import TWO, check_semantics, semantics
+    seen = {}
+    for target, options in (("vulkan", VULKAN + TWO), ("cpu", TWO)):
+        (tmp_path / target).mkdir()
+        seen[target] = semantics(tmp_path / target, options)
+    check_semantics(seen["vulkan"])
+    assert seen["vulkan"]["reduce_add_host_input"] == "AssertionError"   # as CUDA: inputs on GPUs
+    assert seen["vulkan"]["loss"] == pytest.approx(seen["cpu"]["loss"], rel=1e-5)
+
+    _run(*TWO, "tests/programs/model_parallel_tutorial.py", str(tmp_path / "mp.json"))
+    parallel = json.loads((tmp_path / "mp.json").read_text())
+    assert parallel["parts_on"] == ["vulkan:0", "vulkan:0"] and parallel["toy_output_on"] == "vulkan:0"
+    assert parallel["pipeline"] == pytest.approx(parallel["single"], rel=1e-5)
+    assert parallel["model_parallel"] == pytest.approx(parallel["single"], rel=1e-5)
+
+    losses = {}
+    for target, vulkan in (("vulkan", True), ("cpu", False)):
+        _run(*TWO, "tests/programs/dcgan_data_parallel.py", str(tmp_path / f"dcgan-{target}.json"),
+             "--ngpu", "2", vulkan=vulkan)
+        steps = json.loads((tmp_path / f"dcgan-{target}.json").read_text())["losses"]
+        losses[target] = [loss for step in steps for loss in step]      # (D, G) per step
+    assert losses["vulkan"] == pytest.approx(losses["cpu"], rel=1e-4)

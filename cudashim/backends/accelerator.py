@@ -21,7 +21,7 @@ from typing import Optional, Tuple
 import torch
 
 from .._settings import env_var
-from ..errors import warn_once
+from ..errors import invalid_device_ordinal, warn_once
 from . import host, staged
 from .base import Backend
 from .host import DeviceProperties
@@ -102,10 +102,10 @@ class AcceleratorBackend(Backend):
 
     def check_index(self, index: int) -> None:
         if not 0 <= index < self._count:
-            raise RuntimeError(
-                f"CUDA error: invalid device ordinal {index} (the '{self.device_type}' target has "
-                f"{self._count} device(s); set {env_var('device_count')} or --device-count "
-                "for more CUDA devices sharing them)")
+            raise invalid_device_ordinal(
+                index, self._count, f"the '{self.device_type}' target",
+                f"run with --device-count N ({env_var('device_count')}=N) for N CUDA devices "
+                "sharing them")
 
     def _real(self, index: Optional[int]) -> Optional[int]:
         """The real device index a CUDA index stands for (None stays None: the current)."""

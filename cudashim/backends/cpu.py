@@ -20,6 +20,7 @@ from typing import Optional, Tuple
 import torch
 
 from .._settings import env_var
+from ..errors import invalid_device_ordinal
 from .base import Backend
 from .host import DeviceProperties, HostStreams
 
@@ -72,10 +73,10 @@ class CPUBackend(HostStreams, Backend):
 
     def check_index(self, index: int) -> None:
         if not 0 <= index < self._count:
-            raise RuntimeError(
-                f"CUDA error: invalid device ordinal {index} (cudashim's cpu backend has "
-                f"{self._count} virtual device(s); set CUDA_VISIBLE_DEVICES or "
-                f"{env_var('device_count')} for more)")
+            raise invalid_device_ordinal(
+                index, self._count, "cudashim's cpu backend",
+                f"run with --device-count N ({env_var('device_count')}=N) or CUDA_VISIBLE_DEVICES "
+                "for N virtual devices")
 
     def current_device(self) -> int:
         return self._current.get()

@@ -10,6 +10,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from ..errors import invalid_device_ordinal
 from .base import Backend
 from .host import DeviceProperties, HostStream, HostStreams
 
@@ -43,7 +44,7 @@ class MPSBackend(HostStreams, Backend):
 
     def set_device(self, index: int) -> None:
         if index != 0:
-            raise RuntimeError(f"CUDA error: invalid device ordinal {index} (MPS has one device)")
+            raise invalid_device_ordinal(index, 1, "MPS")
 
     def synchronize(self, index: Optional[int] = None) -> None:
         self.module.synchronize()

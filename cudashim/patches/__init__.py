@@ -42,6 +42,7 @@ GROUPS: Tuple[str, ...] = (
     "flags",           # sdpa_kernel / sdp_kernel fallback
     "profiler",        # ProfilerActivity.CUDA
     "distributed",     # NCCL -> the target's collective library
+    "data_parallel",   # nn.DataParallel, nn.parallel and torch.cuda.comm on the target's devices
     "compiled",        # torch.compile hears the same is_cuda as eager code
     "extensions",      # building a CUDA C++ extension: refused with the way out
     "substitutes",     # flash_attn, xformers, apex, pynvml: stand-ins where the real one fails

@@ -42,9 +42,6 @@ TRANSLATED, DELEGATED, UNTOUCHED = "translated", "delegated", "untouched"
 
 _DEVICES_ARE_BOUND = ("called by DistributedDataParallel's forward with the devices it bound, "
                       "which are the target's already")
-_SINGLE_PROCESS_MULTI_GPU = ("single-process multi-GPU primitives (NCCL-backed broadcast and "
-                             "scatter across GPUs); no target runs them, and DataParallel, their "
-                             "user, runs the module as is where torch finds no GPU")
 _OTHER_DEVICE = "names a device type other than CUDA explicitly: the program means it"
 _INTERNAL = "torch's own plumbing, reached with devices torch made: they are the target's already"
 
@@ -60,18 +57,6 @@ UNTOUCHED_BECAUSE: Dict[str, str] = {
         "only picks whose is_available() decides pinning: torch asking torch.cuda hears the "
         "truth, so nothing is pinned where there is no CUDA, and the saved tensors go back to "
         "the devices they came from",
-    "torch.nn.parallel:DataParallel.__init__(device_ids)": _SINGLE_PROCESS_MULTI_GPU,
-    "torch.nn.parallel:DataParallel.__init__(output_device)": _SINGLE_PROCESS_MULTI_GPU,
-    "torch.nn.parallel:DataParallel.replicate(device_ids)": _SINGLE_PROCESS_MULTI_GPU,
-    "torch.nn.parallel:DataParallel.scatter(device_ids)": _SINGLE_PROCESS_MULTI_GPU,
-    "torch.nn.parallel:DataParallel.gather(output_device)": _SINGLE_PROCESS_MULTI_GPU,
-    "torch.nn.parallel:data_parallel(device_ids)": _SINGLE_PROCESS_MULTI_GPU,
-    "torch.nn.parallel:data_parallel(output_device)": _SINGLE_PROCESS_MULTI_GPU,
-    "torch.nn.parallel:replicate(devices)": _SINGLE_PROCESS_MULTI_GPU,
-    "torch.nn.parallel:parallel_apply(devices)": _SINGLE_PROCESS_MULTI_GPU,
-    "torch.nn.parallel.comm:broadcast(devices)": _SINGLE_PROCESS_MULTI_GPU,
-    "torch.nn.parallel.comm:broadcast_coalesced(devices)": _SINGLE_PROCESS_MULTI_GPU,
-    "torch.nn.parallel.comm:scatter(devices)": _SINGLE_PROCESS_MULTI_GPU,
     "torch.nn.parallel:DistributedDataParallel.scatter(device_ids)": _DEVICES_ARE_BOUND,
     "torch.nn.parallel:DistributedDataParallel.gather(output_device)": _DEVICES_ARE_BOUND,
     "torch.nn.parallel:DistributedDataParallel.to_kwargs(device_id)": _DEVICES_ARE_BOUND,

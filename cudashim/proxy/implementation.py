@@ -372,6 +372,25 @@ class TorchCudaNccl(Implementation):
         return False
 
 
+class TorchCudaComm(Implementation):
+    """``torch.cuda.comm``: broadcast, scatter, gather and reduce between the target's devices
+    by CUDA index (``cudashim.parallel.comm``)."""
+    module = "torch.cuda.comm"
+
+    def __init__(self, activation, real_module):
+        super().__init__(activation, real_module)
+        from ..parallel.comm import DeviceComm
+        self._comm = DeviceComm(self.backend, activation.translator.for_api("torch.cuda.comm"))
+
+    @classmethod
+    def extra_names(cls):
+        from ..parallel.comm import COMM_NAMES
+        return COMM_NAMES
+
+    def exports(self):
+        return {**super().exports(), **self._comm.functions()}
+
+
 class TorchCudaNvtx(Implementation):
     """``torch.cuda.nvtx``: NVTX ranges become ranges of torch's own profiler
     (``record_function``), so they appear in a ``torch.profiler`` trace on every target, and in
@@ -448,4 +467,5 @@ class _NvtxRange(contextlib.ContextDecorator):
         return False
 
 
-IMPLEMENTATIONS = {cls.module: cls for cls in (TorchCuda, TorchCudaAmp, TorchCudaNccl, TorchCudaNvtx)}
+IMPLEMENTATIONS = {cls.module: cls for cls in (TorchCuda, TorchCudaAmp, TorchCudaComm, TorchCudaNccl,
+                                                TorchCudaNvtx)}

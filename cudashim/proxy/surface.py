@@ -66,9 +66,6 @@ SURFACE: Dict[str, Dict[str, Tuple[str, str]]] = {
         "temperature": (REFUSED, _NO_NVML),
         "utilization": (REFUSED, _NO_NVML),
     },
-    "torch.cuda.comm": {n: (REFUSED, _USE_DISTRIBUTED + " or tensor .to()/.sum() calls") for n in [
-        "broadcast", "broadcast_coalesced", "reduce_add", "reduce_add_coalesced", "scatter",
-        "gather"]},
     "torch.cuda.gds": {n: (REFUSED, "GPUDirect Storage exists only for NVIDIA GPUs; use torch.load/save")
                        for n in ["gds_register_buffer", "gds_deregister_buffer", "GdsFile"]},
     "torch.cuda.nccl": {
