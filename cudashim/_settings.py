@@ -172,8 +172,9 @@ OPTIONS: Tuple[Option, ...] = (
     Option("backend", "CUDASHIM_BACKEND", backends.AUTO, _parse_backend, metavar="NAME",
            help="target backend: auto (default), or one of the backends `cudashim doctor` lists"),
     Option("device_count", "CUDASHIM_DEVICE_COUNT", None, _parse_count, metavar="N",
-           help="virtual CUDA devices on the CPU backend (default 1, or as many as "
-                "CUDA_VISIBLE_DEVICES lists)"),
+           help="how many CUDA devices the program sees: on the CPU, virtual ones (default 1, as "
+                "many as CUDA_VISIBLE_DEVICES lists, or one per local rank); on an accelerator, "
+                "more than it has, sharing them (default: its own)"),
     Option("device_extension", "CUDASHIM_DEVICE_EXTENSION", (), _parse_extensions,
            metavar="MODULE[,MODULE]", format=_format_sequence,
            help="import these device extensions before the target is chosen: a vendor's torch "

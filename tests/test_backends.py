@@ -17,7 +17,7 @@ from conftest import FAKES, fake_vendor_path, install_fake, python, use_fake_ven
 from cudashim import backends
 from cudashim._settings import load
 from cudashim.backends.base import Backend
-from cudashim.errors import BackendUnavailableError
+from cudashim.errors import BackendUnavailableError, CudashimWarning
 
 TESTED = [name for name in backends.names() if name != "cuda"]
 DEVICE_TYPE = {"xpu": "xpu", "npu": "npu", "hpu": "hpu", "mps": "mps", "accelerator": "musa",
@@ -218,6 +218,14 @@ def test_mps_is_one_device_on_gloo():
     with pytest.raises(RuntimeError, match="invalid device ordinal 1"):
         backend.set_device(1)
     assert backend.autocast_dtypes() == (torch.float16, torch.bfloat16)
+
+
+@pytest.mark.parametrize("name", ["npu", "mps"])
+def test_a_device_count_a_vendor_backend_cannot_honour_is_said_once(name):
+    install_fake(name)
+    with pytest.warns(CudashimWarning, match=f"the '{name}' backend shows the program its real devices"):
+        backend = build(name, device_count=4)
+    assert backend.device_count() == 1
 
 
 # --- visible devices ------------------------------------------------------------------

@@ -64,6 +64,10 @@ def test_what_a_finding_becomes_is_named_for_the_target(monkeypatch):
     assert cpu[("inference.py", 10)] == ("the device 'cuda:0' becomes 'cpu' (host memory, the CPU "
                                          "backend's virtual device 0)")
     assert cpu[("ddp_setup.py", 13)] == "the process-group backend 'nccl' becomes 'gloo'"
+    from cudashim.scan.target import Target
+    assert Target.named("cpu").device("cuda:1", 1)[1] == (
+        "the device 'cuda:1' becomes 'cpu' (host memory, the CPU backend's virtual device 1; run "
+        "with --device-count 2 or more)")
     assert cpu[("ddp_setup.py", 18)].startswith("a TF32 flag: it turns the target's reduced-precision")
     assert cpu[("train.py", 15)] == "a CUDA library flag: setting it is harmless where it does not apply"
     xpu = _scan(["."], backend="xpu", monkeypatch=monkeypatch)

@@ -38,6 +38,7 @@ class AcceleratorBackend(Backend):
     name = "accelerator"
     device_type = "privateuseone"              # replaced by the real type when built
     profiler_activity = "PrivateUse1"
+    honours_device_count = True
     device_hint = ("install and import the vendor's torch extension; extensions with a "
                    "'torch.backends' entry point load with torch")
 

@@ -20,7 +20,7 @@ from typing import ClassVar, Optional, Tuple
 
 import torch
 
-from ..errors import BackendUnavailableError
+from ..errors import BackendUnavailableError, warn_once
 
 
 def cuda_api(method):
@@ -58,8 +58,16 @@ class Backend:
     # DeepSpeed's name for its accelerator for this target (DS_ACCELERATOR), where it has one.
     deepspeed_accelerator: ClassVar[Optional[str]] = None
 
+    # Whether ``--device-count`` sets how many CUDA devices the program sees (more than the
+    # real ones share them). Elsewhere the program sees the real devices, and is told so.
+    honours_device_count = False
+
     def __init__(self, settings):
         self.settings = settings
+        if getattr(settings, "device_count", None) is not None and not self.honours_device_count:
+            warn_once("device-count-ignored",
+                      f"--device-count applies to the cpu and accelerator backends; the "
+                      f"'{self.name}' backend shows the program its real devices")
         # Resolved once, before patching: a delegated call never passes through cudashim's
         # own torch.get_device_module patch.
         self.module = self.device_module()

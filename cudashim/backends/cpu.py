@@ -40,6 +40,7 @@ class CPUBackend(HostStreams, Backend):
     name = "cpu"
     device_type = "cpu"
     deepspeed_accelerator = "cpu"
+    honours_device_count = True
     shares_devices = True                      # every virtual cuda:N is host memory
 
     def __init__(self, settings):

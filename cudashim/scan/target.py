@@ -91,8 +91,11 @@ class Target:
         if not self.redirects:
             return HANDLED, "native CUDA", None
         if self.device_type == "cpu":
-            became = "'cpu' (host memory" + (f", the CPU backend's virtual device {index})"
-                                             if index is not None else ")")
+            became = "'cpu' (host memory" + (f", the CPU backend's virtual device {index}"
+                                             if index is not None else "")
+            if isinstance(index, int) and index > 0:      # one virtual device by default
+                became += f"; run with --device-count {index + 1} or more"
+            became += ")"
         else:
             became = f"'{self.device_type}" + (f":{index}'" if index is not None else "'")
         return HANDLED, f"the device '{spec}' becomes {became}", None
