@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 
 import pytest
 
@@ -212,8 +213,14 @@ def test_the_launcher_is_python_for_the_same_program(tmp_path):
                 for launcher in ((), ("-m", "cudashim"))]
         return [(run.returncode, run.stdout, run.stderr) for run in runs]
 
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        seen = dict(zip(MATRIX, pool.map(both, MATRIX)))
+    # A shell starts its background jobs with SIGINT ignored, and both Pythons would inherit
+    # that: give them the disposition a terminal gives, so that the Ctrl-C case means Ctrl-C.
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            seen = dict(zip(MATRIX, pool.map(both, MATRIX)))
+    finally:
+        signal.signal(signal.SIGINT, inherited)
     assert seen["ctrl-c"][0][0] == -2 and seen["exit object"][0][0] == 1   # python's, to match
     for case, (plain, shimmed) in seen.items():
         assert shimmed == plain, case

@@ -17,12 +17,10 @@ from ..parallel.comm import DeviceComm
 from ..parallel.functions import autograd_functions
 
 _PARALLEL = "torch.nn.parallel"
+# The device parameters this group's replacements take. DataParallel, data_parallel and
+# replicate take theirs too and hand them to what is replaced here (device_parameters.py).
 TRANSLATES = (
-    *((f"{_PARALLEL}:DataParallel.{method}", parameter) for method, parameter in (
-        ("__init__", "device_ids"), ("__init__", "output_device"), ("replicate", "device_ids"),
-        ("scatter", "device_ids"), ("gather", "output_device"))),
-    (f"{_PARALLEL}:data_parallel", "device_ids"), (f"{_PARALLEL}:data_parallel", "output_device"),
-    (f"{_PARALLEL}:replicate", "devices"), (f"{_PARALLEL}:parallel_apply", "devices"),
+    (f"{_PARALLEL}:parallel_apply", "devices"),
     *((f"{_PARALLEL}.comm:{name}", "devices") for name in ("broadcast", "broadcast_coalesced", "scatter")),
 )
 

@@ -92,6 +92,8 @@ UNTOUCHED_BECAUSE: Dict[str, str] = {
 
 
 _HANDED_TO_FACTORIES = "handed to torch's factories, which translate"
+_TO_PARALLEL = ("handed to nn.parallel's device index, scatter, gather, broadcast and "
+                "parallel_apply, which the 'data_parallel' group replaces")
 
 # "module:attribute.path(parameter)" -> the translated API torch hands the value to.
 DELEGATED_TO: Dict[str, str] = {
@@ -103,6 +105,11 @@ DELEGATED_TO: Dict[str, str] = {
     "torch.optim.swa_utils:update_bn(device)": "Tensor.to, for every batch",
     "torch.optim.swa_utils:AveragedModel.__init__(device)": "Module.to",
     "torch.hub:load_state_dict_from_url(map_location)": "torch.load",
+    **{f"torch.nn.parallel:{entry}": _TO_PARALLEL for entry in (
+        "DataParallel.__init__(device_ids)", "DataParallel.__init__(output_device)",
+        "DataParallel.replicate(device_ids)", "DataParallel.scatter(device_ids)",
+        "DataParallel.gather(output_device)", "data_parallel(device_ids)",
+        "data_parallel(output_device)", "replicate(devices)")},
     **{f"torch.signal.windows:{name}(device)": _HANDED_TO_FACTORIES for name in (
         "bartlett", "blackman", "cosine", "exponential", "gaussian", "general_cosine",
         "general_hamming", "hamming", "hann", "kaiser", "nuttall")},
