@@ -102,6 +102,25 @@ def test_cuda_autocast_runs_in_the_policy_dtype(speeds, fast, options, expected)
             assert torch.is_autocast_enabled("cuda") == (expected != torch.float32)
 
 
+@pytest.mark.parametrize("fast, runs_in, warned", [(SLOW_BOTH, torch.float32, False),
+                                                  (FAST_BOTH, HALF, True)])
+def test_a_dtype_the_target_cannot_autocast_to_is_named_only_where_the_region_autocasts(
+        speeds, monkeypatch, fast, runs_in, warned):
+    """A target that autocasts to float16 only, asked for bfloat16: where the policy turns the
+    region off it runs in float32 and no warning promises float16 (torchvulkan's case)."""
+    import warnings
+    from cudashim.backends.cpu import CPUBackend
+    monkeypatch.setattr(CPUBackend, "autocast_dtypes", lambda self: (HALF,))
+    speeds(fast)
+    a = torch.randn(4, 4, device="cuda")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.autocast("cuda", dtype=BF16):
+            assert (a @ a).dtype == runs_in
+    said = [str(w.message) for w in caught if "cannot autocast to torch.bfloat16" in str(w.message)]
+    assert bool(said) == warned, said
+
+
 @pytest.mark.parametrize("fast", [FAST_BF16, SLOW_BOTH])
 def test_grad_scaler_still_scales_and_skips_steps_on_inf(speeds, fast):
     speeds(fast)

@@ -57,9 +57,10 @@ def install(activation):
                 if dtype is None:                  # float32: the region runs without autocast
                     dtype, enabled = asked, False
                 if dtype not in supported:
-                    warn_once(f"autocast-{dtype}",
-                              f"autocast: the '{backend.name}' backend cannot autocast to {dtype}; "
-                              f"using {supported[0]}")
+                    if enabled:        # a region the policy turned off runs in float32: nothing to say
+                        warn_once(f"autocast-{dtype}",
+                                  f"autocast: the '{backend.name}' backend cannot autocast to "
+                                  f"{dtype}; using {supported[0]}")
                     dtype = supported[0]
             original(self, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
         return functools.wraps(original)(__init__)
