@@ -50,3 +50,74 @@ def test_device_count_setting_beats_cuda_visible_devices(monkeypatch):
     cudashim.activate("cpu")
     assert torch.cuda.device_count() == 4
     cudashim.deactivate()
+
+
+# --- NCCL's variables -------------------------------------------------------------------
+@pytest.mark.parametrize("pattern, chosen", [
+    ("eth", ["eth0", "eth1"]),                    # prefixes, as NCCL reads them
+    ("=eth1", ["eth1"]),                          # an exact name
+    ("=eth", []),
+    ("ib,eth1", ["eth1", "ib0"]),                 # the machine's order
+    ("^eth", ["ib0", "lo"]),                      # excluded; loopback last
+    ("^=eth0", ["eth1", "ib0", "lo"]),
+])
+def test_nccl_socket_ifname_selects_as_nccl_does(pattern, chosen):
+    from cudashim.patches._nccl_environment import matching_interfaces
+    assert matching_interfaces(pattern, ["lo", "eth0", "eth1", "ib0"]) == chosen
+
+
+def _map(environ, libraries=("gloo",)):
+    from cudashim.patches import _nccl_environment
+    set_items = []
+
+    def set_item(mapping, name, value):
+        set_items.append((name, value))
+        mapping[name] = value
+
+    interfaces = lambda: ["lo", "eth0"]                    # noqa: E731
+    original = _nccl_environment.machine_interfaces
+    _nccl_environment.machine_interfaces = interfaces
+    try:
+        became = dict(_nccl_environment.apply(environ, libraries, set_item))
+    finally:
+        _nccl_environment.machine_interfaces = original
+    return became, set_items
+
+
+def test_nccl_variables_become_what_each_library_reads():
+    became, set_items = _map({"NCCL_SOCKET_IFNAME": "eth", "NCCL_DEBUG": "INFO", "NCCL_IB_DISABLE": "1",
+                              "TORCH_NCCL_BLOCKING_WAIT": "1", "PATH": "/bin"}, ("gloo", "hccl"))
+    assert set_items == [("TORCH_DISTRIBUTED_DEBUG", "INFO"), ("GLOO_SOCKET_IFNAME", "eth0"),
+                         ("HCCL_SOCKET_IFNAME", "eth")]     # HCCL reads NCCL's syntax itself
+    assert became["NCCL_IB_DISABLE"].startswith("no effect on gloo: tunes NCCL's own transports")
+    assert became["TORCH_NCCL_BLOCKING_WAIT"].startswith("nothing to set for gloo: gloo's collectives")
+    assert "no effect on hccl" in became["NCCL_DEBUG"]
+    assert set(became) == {"NCCL_SOCKET_IFNAME", "NCCL_DEBUG", "NCCL_IB_DISABLE", "TORCH_NCCL_BLOCKING_WAIT"}
+
+
+def test_the_libraries_own_variables_win_and_an_unmatched_interface_is_said(recwarn):
+    became, set_items = _map({"NCCL_SOCKET_IFNAME": "eth", "GLOO_SOCKET_IFNAME": "lo", "NCCL_DEBUG": "WARN"})
+    assert set_items == [] and became["NCCL_SOCKET_IFNAME"] == "GLOO_SOCKET_IFNAME=lo (already set, kept)"
+    assert became["NCCL_DEBUG"] == "TORCH_DISTRIBUTED_DEBUG not set"          # WARN is c10d's default
+    became, set_items = _map({"NCCL_SOCKET_IFNAME": "ib"})
+    assert set_items == [] and any("NCCL_SOCKET_IFNAME=ib selects none of this machine's interfaces (lo, "
+                                   "eth0)" in str(w.message) for w in recwarn)
+
+
+def test_nccl_variables_are_mapped_while_active_and_taken_back_after(monkeypatch):
+    import os
+    import torch.distributed as dist
+    import cudashim
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "=lo")
+    monkeypatch.setenv("NCCL_DEBUG", "INFO")
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.delenv("TORCH_DISTRIBUTED_DEBUG", raising=False)
+    level = dist.get_debug_level()
+    with cudashim.activated("cpu", report=True):
+        assert os.environ["GLOO_SOCKET_IFNAME"] == "lo" and os.environ["TORCH_DISTRIBUTED_DEBUG"] == "INFO"
+        assert dist.get_debug_level() == dist.DebugLevel.INFO
+        from cudashim.activation import current_activation
+        report = current_activation().report.entries
+        assert report["$NCCL_SOCKET_IFNAME"]["became"] == "GLOO_SOCKET_IFNAME=lo"
+    assert "GLOO_SOCKET_IFNAME" not in os.environ and "TORCH_DISTRIBUTED_DEBUG" not in os.environ
+    assert dist.get_debug_level() == level

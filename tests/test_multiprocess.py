@@ -10,12 +10,15 @@ from conftest import python, torchrun, torchrun_two_nodes
 
 
 def test_two_ranks_train_like_one_rank_with_the_same_data(tmp_path):
+    # The job script's NCCL interface, as NCCL reads it ("=" an exact name): gloo binds to it.
     two = torchrun("tests/programs/ddp_train.py", "--batch-size", "8", "--out", str(tmp_path / "two.pt"),
-                   env={"CUDASHIM_REPORT_JSON": str(tmp_path / "report.json")})
+                   env={"CUDASHIM_REPORT_JSON": str(tmp_path / "report.json"), "NCCL_SOCKET_IFNAME": "=lo"})
     assert two.returncode == 0, two.stderr[-3000:]
     for rank in (0, 1):                            # one report per rank, none overwritten
         report = json.loads((tmp_path / f"report.rank{rank}.json").read_text())
         assert report["rank"] == str(rank) and report["apis"]["Tensor.cuda"]["calls"] > 0
+        # set by the shimmed torchrun, which the rank inherits
+        assert report["apis"]["$NCCL_SOCKET_IFNAME"]["became"].startswith("GLOO_SOCKET_IFNAME=lo")
     one = torchrun("tests/programs/ddp_train.py", "--batch-size", "16", "--out",
                    str(tmp_path / "one.pt"), nproc=1)
     assert one.returncode == 0, one.stderr[-3000:]

@@ -231,3 +231,15 @@ def test_a_setup_py_building_a_cuda_extension_fails_with_the_way_out(tmp_path):
     assert "UnsupportedCudaAPI: torch.utils.cpp_extension.CUDAExtension" in result.stderr
     assert "fused_ops_kernel.cu" in result.stderr and "CppExtension" in result.stderr
     assert "CUDA_HOME" not in result.stderr
+
+
+def test_nccl_variables_a_job_sets_are_read_from_the_runtimes_table(tmp_path, monkeypatch):
+    (tmp_path / "job.py").write_text(
+        'import os\nos.environ["NCCL_SOCKET_IFNAME"] = "eth0"\nos.environ.setdefault("NCCL_IB_DISABLE", "1")\n'
+        'print("set NCCL_DEBUG=INFO to debug")\n')
+    found = {f.line: f for f in _scan(["job.py"], cwd=tmp_path, monkeypatch=monkeypatch).findings}
+    assert sorted(found) == [2, 3]                       # a sentence that names one is not code
+    assert found[2].what == "NCCL_SOCKET_IFNAME: becomes GLOO_SOCKET_IFNAME for gloo, unless that is set"
+    assert found[3].what.startswith("NCCL_IB_DISABLE: no effect on gloo")
+    npu = {f.line: f for f in _scan(["job.py"], backend="npu", cwd=tmp_path, monkeypatch=monkeypatch).findings}
+    assert npu[2].what.endswith("; becomes HCCL_SOCKET_IFNAME for hccl, unless that is set")

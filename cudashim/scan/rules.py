@@ -21,7 +21,7 @@ import re
 from typing import Callable, Dict, List, Optional, Tuple
 
 from .. import substitutes
-from ..patches import extensions
+from ..patches import _nccl_environment as nccl_environment, extensions
 from . import libraries
 from .findings import CANNOT_RUN, HANDLED, NEEDS_CHANGE, Finding
 from .target import Target
@@ -411,6 +411,8 @@ class FileScanner(ast.NodeVisitor):
             self._add(node, self.target.process_group(text))
         elif text == "CUDA_VISIBLE_DEVICES":
             self._add(node, self.target.visible_devices())
+        elif nccl_environment.is_nccl_variable(text):
+            self._add(node, self.target.nccl_variable(text))
         elif _DEVICE_TEMPLATE.fullmatch(text):
             self._add(node, self.target.device(text, text[len("cuda:"):]))
         elif text.startswith("torch.cuda."):

@@ -114,6 +114,14 @@ class Target:
             return HANDLED, "sizes the CPU backend's virtual CUDA devices", None
         return HANDLED, f"read as it is: the '{self.name}' backend has no visible-devices variable", None
 
+    def nccl_variable(self, name: str) -> Verdict:
+        """An NCCL environment variable the program or its job script sets or reads."""
+        if not self.redirects:
+            return HANDLED, "native CUDA", None
+        from ..patches import _nccl_environment as nccl_environment
+        libraries = nccl_environment.libraries_of(self.collective)
+        return HANDLED, f"{name}: {nccl_environment.describe(name, libraries)}", None
+
     def runs(self, language: str) -> bool:
         """Whether kernels written in ``language`` ("cuda", "triton") run on the target."""
         return language in self.kernel_languages
