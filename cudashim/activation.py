@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import importlib
 import logging
+import os
 import sys
 import threading
 import types
@@ -204,7 +205,9 @@ def _on_torch_imported(torch_module) -> None:
         try:
             _activate_now(settings)
         except Exception as exc:       # an import must not fail because of cudashim
-            warn_once("hook-failed", f"cudashim did not activate: {exc}", stacklevel=2)
+            # At the program's ``import torch``, not in torch's own last line.
+            warn_once("hook-failed", f"cudashim did not activate: {exc}",
+                      also_skip=(os.path.dirname(torch_module.__file__) + os.sep,))
 
 
 def _install(settings) -> Activation:

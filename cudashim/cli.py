@@ -2,8 +2,8 @@
 
     python -m cudashim [options] script.py args...     (also -m module, -c code)
     cudashim run [options] script.py args...           (the same)
-    cudashim doctor [--backend NAME] [--kernels]       (what cudashim sees here)
-    cudashim image-env [--backend NAME ...]            (the lines that shim every Python in an image)
+    cudashim doctor [--backend NAME] [--kernels | --fast-path] (what cudashim sees here)
+    cudashim image-env [--dockerfile] [--backend NAME ...] (the lines that shim every Python in an image)
     cudashim scan [PATH ...] [--backend NAME] [--json] (what will carry over, read before running)
 """
 
@@ -147,9 +147,14 @@ def main(argv: Optional[List[str]] = None) -> None:
     doctor.add_argument("--kernels", action="store_true",
                         help="list the dtypes CUDA kernels take and the target's refuse, and how "
                              "cudashim computes them")
+    doctor.add_argument("--fast-path", action="store_true",
+                        help="print only whether the compiled fast path runs, and what its absence costs")
     _add_setting_options(doctor)
     image_env = commands.add_parser("image-env", help="print the environment that shims every Python "
                                                       "started with it (for a container image)")
+    image_env.add_argument("--dockerfile", action="store_true",
+                           help="print Dockerfile ENV lines instead of NAME=value lines "
+                                "(the format of docker run --env-file)")
     _add_setting_options(image_env)
     scan = commands.add_parser(
         "scan", help="read Python sources and report every CUDA usage: handled, needs a change, "
@@ -171,12 +176,24 @@ def main(argv: Optional[List[str]] = None) -> None:
     settings = _load_settings(doctor if ns.command == "doctor" else image_env, ns)
     if ns.command == "image-env":
         from . import launcher
-        for name, value in launcher.child_environment(settings, existing_pythonpath="").items():
-            print(f"{name}={value}")
+        for name, value in launcher.image_environment(settings).items():
+            print(f"ENV {name}={_dockerfile_quoted(value)}" if ns.dockerfile else f"{name}={value}")
+        return None
+    if ns.fast_path:
+        from . import speedups
+        print(speedups.fast_path(settings))
         return None
     from .doctor import doctor as run_doctor
     from .doctor import kernel_gaps
     raise SystemExit(kernel_gaps(settings) if ns.kernels else run_doctor(settings))
+
+
+def _dockerfile_quoted(value: str) -> str:
+    """A value as a Dockerfile ENV line reads it back: quoted where it holds spaces or quotes."""
+    if not any(c.isspace() or c in "\"'\\$" for c in value):
+        return value
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$")
+    return f'"{escaped}"'
 
 
 def _scan(parser, ns) -> int:

@@ -174,6 +174,7 @@ def doctor(settings) -> int:
             out("CUDA-only libraries (--substitute):\n" + "".join(f"  {line}\n" for line in stand_ins))
             out(f"hot wrappers: {speedups.describe(settings)}; host kernels: "
                 f"{native.unavailable() or 'compiled (cudashim.kernels._native)'}\n")
+            out(f"{speedups.fast_path(settings)}\n")
             out("patch groups:\n")
             width = max(map(len, patches.GROUPS))
             for name, off in patches.states(settings):

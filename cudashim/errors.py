@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+import importlib
+import os
+import sys
 import threading
 import warnings
+from typing import Tuple
+
+import wrapt
 
 
 class CudashimWarning(UserWarning):
     """Every warning cudashim issues is of this category (filter it as one)."""
+
+
+def refusal(exc: BaseException) -> BaseException:
+    """Mark ``exc`` as cudashim's answer to the program, not a fault of cudashim's: printed
+    uncaught, its traceback ends at the program's frames (``patches.tracebacks``)."""
+    exc.cudashim_refusal = True
+    return exc
+
+
+def is_refusal(exc: BaseException) -> bool:
+    return getattr(exc, "cudashim_refusal", False)
 
 
 class UnsupportedCudaAPI(RuntimeError):
@@ -15,6 +32,8 @@ class UnsupportedCudaAPI(RuntimeError):
 
     A RuntimeError, as torch raises for an operation a device does not support.
     """
+
+    cudashim_refusal = True
 
     def __init__(self, api: str, backend: str, way_out: str):
         self.api, self.backend, self.way_out = api, backend, way_out
@@ -38,8 +57,8 @@ def invalid_device_ordinal(index: int, count: int, target: str, way_out: str = "
     it (as CUDA raises since torch 2.8), else a RuntimeError; ``way_out`` says how to get more."""
     import torch
     error = getattr(torch, "AcceleratorError", RuntimeError)
-    return error(f"CUDA error: invalid device ordinal {index} ({target} has {count} device(s)"
-                 + (f"; {way_out})" if way_out else ")"))
+    return refusal(error(f"CUDA error: invalid device ordinal {index} ({target} has {count} device(s)"
+                         + (f"; {way_out})" if way_out else ")")))
 
 
 class UnknownBackendError(ValueError):
@@ -58,10 +77,30 @@ _warned: set = set()
 _warned_lock = threading.Lock()
 
 
-def warn_once(key: str, message: str, stacklevel: int = 3) -> None:
-    """Warn the first time ``key`` is seen in this process, never again."""
+# Frames a warning never points at: cudashim's own and the import machinery's (wrapt's
+# post-import hooks included), so that it names the line of the program or library that led
+# to it.
+_MACHINERY = tuple(os.path.dirname(os.path.abspath(module.__file__)) + os.sep
+                   for module in (sys.modules[__package__], importlib, wrapt)) + ("<frozen importlib",)
+
+
+def warn_once(key: str, message: str, also_skip: Tuple[str, ...] = ()) -> None:
+    """Warn the first time ``key`` is seen in this process, never again, at the first frame
+    outside cudashim (and outside the folders in ``also_skip``)."""
     with _warned_lock:
         if key in _warned:
             return
         _warned.add(key)
-    warnings.warn(message, CudashimWarning, stacklevel=stacklevel)
+    warnings.warn(message, CudashimWarning, stacklevel=_caller_level(_MACHINERY + also_skip))
+
+
+def _caller_level(skipped: Tuple[str, ...]) -> int:
+    """warnings.warn's stacklevel, counted from warn_once, of the first frame not in
+    ``skipped``; the outermost frame where every frame is."""
+    frame, level = sys._getframe(2), 2            # 1 is warn_once itself
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(skipped):
+        frame = frame.f_back
+        # warnings.warn does not count the import system's bootstrap frames.
+        if not ("importlib" in frame.f_code.co_filename and "_bootstrap" in frame.f_code.co_filename):
+            level += 1
+    return level

@@ -39,6 +39,16 @@ def child_environment(settings, existing_pythonpath: str) -> dict:
             _settings.ENV_ACTIVATE: "1", **settings.to_environ()}
 
 
+def image_environment(settings) -> dict:
+    """What an image needs to shim every Python it starts: the hook and the switch, and only
+    the settings that differ from their defaults (a default pinned in an image would stop it
+    from following a newer cudashim's)."""
+    from ._settings import load
+    defaults = load(environ={}).to_environ()
+    return {name: value for name, value in child_environment(settings, existing_pythonpath="").items()
+            if defaults.get(name) != value}
+
+
 def export_to_children(settings) -> None:
     """Make every Python started from here come up shimmed with the same settings."""
     os.environ.update(child_environment(settings, os.environ.get("PYTHONPATH", "")))

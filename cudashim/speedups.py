@@ -41,6 +41,24 @@ def chosen(settings):
     return _compiled if _why_not(settings) is None else None
 
 
+# What the pure-Python fallback costs, measured against the compiled path on the 2-core test
+# machine (BENCHMARKS.md, "The compiled fast path"; the kernels' row in "cudashim.kernels").
+FALLBACK_COST = ("the same behaviour at +0.3 to +0.5 µs per wrapped call (device= arguments, "
+                 ".cuda(), is_cuda, torch.cuda's functions) and about 6x slower 1-bit compression")
+
+
+def fast_path(settings) -> str:
+    """One line: whether the compiled fast path runs, and what its absence costs."""
+    from .kernels import native
+    if built() and native.unavailable() is None and _why_not(settings) is None:
+        return "compiled fast path: on (cudashim._speedups, cudashim.kernels._native)"
+    if not built():
+        return ("compiled fast path: not built (no C compiler when cudashim was installed): the "
+                f"pure-Python fallback runs, {FALLBACK_COST}; install gcc or clang, then cudashim again")
+    reason = _why_not(settings) or native.unavailable()
+    return f"compiled fast path: off ({reason}): the pure-Python fallback runs, {FALLBACK_COST}"
+
+
 def describe(settings) -> str:
     """One line for doctor: which wrappers run, and why not the compiled ones."""
     reason = _why_not(settings)

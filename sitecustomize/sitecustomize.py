@@ -45,7 +45,8 @@ def _warn(message):
         from cudashim.errors import CudashimWarning as category
     except Exception:              # cudashim itself is what failed to import
         category = RuntimeWarning
-    warnings.warn(message, category, stacklevel=2)
+    # Start-up has no line of the program to point at, and this file's own line says nothing.
+    warnings.warn_explicit(message, category, filename="<cudashim start-up hook>", lineno=0)
 
 
 _run_next_sitecustomize()

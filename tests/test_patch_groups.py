@@ -104,6 +104,9 @@ def test_doctor_lists_the_groups_and_which_are_on():
     for name in patches.GROUPS:
         assert name in lines, name
     assert lines["amp"].split()[1] == "on"
+    for name in patches.GROUPS:               # each description whole, as a terminal shows it
+        description = lines[name].split("  (", 1)[1]
+        assert description.endswith(".)") and "``" not in description, lines[name]
 
 
 def test_the_launcher_option_reaches_the_program_and_its_children():

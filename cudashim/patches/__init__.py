@@ -49,6 +49,7 @@ GROUPS: Tuple[str, ...] = (
     "kernel_gaps",     # what CUDA kernels do and the target's lack: wider dtypes, CUDA-only ops
     "cuda_module",     # the proxy torch.cuda and its submodules
     "device_module",   # the target's device module answers the torch.cuda names it lacks
+    "tracebacks",      # an uncaught refusal's traceback ends at the program's line
 )
 DEFAULT_SUPPORTED_TORCH = ("2.4", None)
 
@@ -58,8 +59,10 @@ def group_module(name: str):
 
 
 def summary(name: str) -> str:
-    """The first line of the group's docstring."""
-    return (group_module(name).__doc__ or "").strip().splitlines()[0]
+    """The first paragraph of the group's docstring, on one line, as a terminal shows it (no
+    reStructuredText literals)."""
+    paragraph = (group_module(name).__doc__ or "").strip().split("\n\n")[0]
+    return " ".join(paragraph.split()).replace("``", "")
 
 
 def supported_torch(name: str) -> Tuple[str, Optional[str]]:

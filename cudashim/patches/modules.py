@@ -1,4 +1,4 @@
-"""nn.Module.to and to_empty. (Module.cuda calls Tensor.cuda, which is patched already.)"""
+"""nn.Module.to and to_empty; Module.cuda calls Tensor.cuda, which is patched already."""
 
 from .rewriter import DEVICE, rewrite
 
