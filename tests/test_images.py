@@ -45,3 +45,19 @@ def test_a_broken_cudashim_costs_one_warning_and_nothing_else(tmp_path):
     assert result.returncode == 0 and result.stdout.strip() == "up"
     warnings = [line for line in result.stderr.splitlines() if "Warning:" in line]
     assert len(warnings) == 1 and "cudashim is not active" in warnings[0] and "half-installed" in warnings[0]
+
+
+def test_only_the_settings_given_are_pinned():
+    """A default pinned in an image would stop it from following a newer cudashim's."""
+    assert list(image_environment()) == ["PYTHONPATH", "CUDASHIM_ACTIVATE"]
+    assert list(image_environment("--device-count", "3", "--amp-dtype", "auto")) == \
+        ["PYTHONPATH", "CUDASHIM_ACTIVATE", "CUDASHIM_DEVICE_COUNT"]
+
+
+def test_dockerfile_lines_quote_what_docker_would_split():
+    result = python("-c", "from cudashim.cli import main; main()", "image-env", "--dockerfile",
+                    "--report-json", '/runs/$RUN "x"/my report.json')
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert all(line.startswith("ENV ") for line in lines) and len(lines) == 3, lines
+    assert lines[2] == 'ENV CUDASHIM_REPORT_JSON="/runs/\\$RUN \\"x\\"/my report.json"', lines
