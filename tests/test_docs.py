@@ -1,0 +1,151 @@
+"""Every command and output the docs show is run here and compared, so they cannot drift.
+
+- ``console`` blocks: each ``$`` line runs in bash, in a folder holding the fixture programs
+  of ``tests/docs/``, with this interpreter's environment first on PATH; its output (stdout and
+  stderr, as a terminal shows them) must match the lines below it. A line ``...`` stands for
+  any number of lines, ``...`` within a line for any text. A command must exit 0.
+- A block after ``<!-- docs-test: sandbox -->`` runs in a fresh copy of the checkout, with a
+  virtual environment of its own that sees this environment's packages (torch) beneath its own.
+- ``python`` blocks run in a fresh interpreter and must exit 0.
+- The ``dockerfile`` block's ENV lines are what ``cudashim image-env --dockerfile`` prints.
+- The README's first block (the two commands) is what CI runs: ``test_project.py`` holds it.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, python
+
+DOCS = ("README.md", "CONTRIBUTING.md")
+FIXTURES = ROOT / "tests" / "docs"
+BLOCK = re.compile(r"(?:<!-- docs-test: (\w+) -->\n)?```(\w*)\n(.*?)```", re.S)
+
+
+def _blocks(language):
+    found = []
+    for doc in DOCS:
+        text = (ROOT / doc).read_text()
+        for match in BLOCK.finditer(text):
+            if match.group(2) == language:
+                line = text.count("\n", 0, match.start(2)) + 1
+                marks = [pytest.mark.slow] if match.group(1) == "sandbox" else []
+                found.append(pytest.param(match.group(1), match.group(3), id=f"{doc}:{line}", marks=marks))
+    return found
+
+
+def _commands(block):
+    """(command, expected output lines) for each ``$`` line of a console block."""
+    steps = []
+    for line in block.splitlines():
+        if line.startswith("$ "):
+            steps.append((line[2:], []))
+        elif steps and steps[-1][0].endswith("\\"):
+            steps[-1] = (steps[-1][0] + "\n" + line, [])
+        else:
+            steps[-1][1].append(line)
+    return steps
+
+
+def _pattern(expected_lines):
+    parts = []
+    for line in expected_lines:
+        if line == "...":
+            parts.append(r"(?:[^\n]*\n)*?")
+        else:
+            parts.append(".*?".join(map(re.escape, line.rstrip().split("..."))) + r"\n")
+    return re.compile("".join(parts))
+
+
+def matches(expected_lines, output):
+    text = "".join(line.rstrip() + "\n" for line in output.splitlines())
+    return _pattern(expected_lines).fullmatch(text) is not None
+
+
+def _environment(bin_dir):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("CUDASHIM_", "PYTHON", "PYTEST", "COV_"))}
+    env.update(PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", PYTHONUNBUFFERED="1")
+    return env
+
+
+def _sandbox(tmp_path):
+    """A fresh copy of the checkout and a virtual environment that sees this one's packages
+    beneath its own (torch is not downloaded again)."""
+    checkout = tmp_path / "checkout"
+    shutil.copytree(ROOT, checkout, ignore=shutil.ignore_patterns(
+        "*.so", ".git", ".tox", "build", "dist", "*.egg-info", "__pycache__", "runs"))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install",
+                    "--quiet", "pip"], check=True, timeout=300)
+    site = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    ours = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    Path(site, "beneath.pth").write_text("".join(f"{path}\n" for path in sorted(ours)))
+    return checkout, venv / "bin"
+
+
+def _fixtures(tmp_path):
+    folder = tmp_path / "work"
+    shutil.copytree(FIXTURES, folder)
+    return folder, Path(sys.executable).parent
+
+
+@pytest.mark.parametrize("where, block", _blocks("console"))
+def test_console_block(where, block, tmp_path):
+    if where == "sandbox":
+        cwd, bin_dir = _sandbox(tmp_path)
+    else:
+        assert where in (None, "fixtures"), f"unknown docs-test marker {where!r}"
+        cwd, bin_dir = _fixtures(tmp_path)
+    env = _environment(bin_dir)
+    for command, expected in _commands(block):
+        result = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, timeout=600)
+        output = result.stdout
+        assert result.returncode == 0, f"$ {command}\nexit status {result.returncode}\n{output}"
+        assert matches(expected, output), f"$ {command}\nexpected:\n" + "\n".join(expected) + f"\ngot:\n{output}"
+
+
+@pytest.mark.parametrize("where, block", _blocks("python"))
+def test_python_block(where, block, tmp_path):
+    script = tmp_path / "block.py"
+    script.write_text(block)
+    result = python(str(script), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_dockerfile_sets_what_image_env_prints():
+    (_, block), = [param.values for param in _blocks("dockerfile")]
+    shown = [line.split(" ", 1)[1] for line in block.splitlines() if line.startswith("ENV ")]
+    result = python("-c", "from cudashim.cli import main; main()", "image-env", "--dockerfile", cwd=FIXTURES)
+    assert result.returncode == 0, result.stderr
+    printed = [line.split(" ", 1)[1] for line in result.stdout.splitlines()]
+    assert [line.split("=")[0] for line in shown] == [line.split("=")[0] for line in printed]
+    installed_hook = "/cudashim/_sitecustomize"
+    assert shown[0].endswith("site-packages" + installed_hook), shown[0]
+    assert printed[0].endswith(installed_hook), printed[0]     # the installed cudashim's hook
+    assert shown[1:] == printed[1:]
+
+
+def test_no_command_escapes_this_test():
+    """Commands are shown only in blocks this file runs; the README's first block is CI's."""
+    for doc in DOCS:
+        languages = [match.group(2) for match in BLOCK.finditer((ROOT / doc).read_text())]
+        if doc == "README.md":
+            assert languages[0] == "bash"
+            languages = languages[1:]
+        assert set(languages) <= {"console", "python", "dockerfile", ""}, (doc, languages)
+
+
+def test_the_matcher_tells_a_difference():
+    assert matches(["a ... c", "...", "z"], "a b c\nx\ny\nz\n")
+    assert not matches(["a ... c", "z"], "a b c\nx\nz\n")
+    assert not matches(["epoch 0: loss 10.596"], "epoch 0: loss 10.597\n")
