@@ -20,6 +20,9 @@ def refusal(exc: BaseException) -> BaseException:
     """Mark ``exc`` as cudashim's answer to the program, not a fault of cudashim's: printed
     uncaught, its traceback ends at the program's frames (``patches.tracebacks``)."""
     exc.cudashim_refusal = True
+    # Raised where cudashim handles another exception (a cache miss, say), it would show that
+    # one first; as with ``raise ... from None``, the refusal stands alone.
+    exc.__suppress_context__ = True
     return exc
 
 

@@ -16,7 +16,6 @@ from .errors import invalid_device_ordinal
 
 _CACHE_LIMIT = 512
 _UNCHANGED = object()      # cached for specs that are not CUDA: hand back the caller's object
-_MISSING = object()        # not cached yet
 
 
 class DeviceTranslator:
@@ -67,11 +66,11 @@ class DeviceTranslator:
 
         def translate(spec):
             try:
-                result = (indices if spec.__class__ is int else cache).get(spec, _MISSING)
+                result = (indices if spec.__class__ is int else cache)[spec]
+            except KeyError:
+                return slow(spec)
             except TypeError:                             # unhashable: not a device spec
                 return spec
-            if result is _MISSING:       # outside the except: a refusal chains no KeyError
-                return slow(spec)
             return spec if result is _UNCHANGED else result
 
         return translate
