@@ -168,9 +168,11 @@ def doctor(settings) -> int:
                 f", unsupported APIs: {settings.unsupported}, report: {'on' if settings.report else 'off'}\n")
             out(f"the truth about CUDA goes to: {', '.join(callers.honest_set(settings.honest_for))}; "
                 f"everyone else hears CUDA {settings.cuda_version}\n")
+            out(f"the CUDA build they hear (--cuda-version): {build_line(settings.cuda_version, backend)}\n")
             precision = activation.current_activation().precision
             if precision is not None:
                 out("precision:\n" + "".join(f"  {line}\n" for line in precision.describe()))
+            stand_ins = [decided_line(line, sys.meta_path) for line in stand_ins]
             out("CUDA-only libraries (--substitute):\n" + "".join(f"  {line}\n" for line in stand_ins))
             out(f"hot wrappers: {speedups.describe(settings)}; host kernels: "
                 f"{native.unavailable() or 'compiled (cudashim.kernels._native)'}\n")
@@ -204,6 +206,33 @@ def substitute_lines(settings, device_type: str):
         else:
             state = "not installed: the stand-in serves"
         yield f"{name:10s} {state}"
+
+
+def build_line(cuda_version: str, backend) -> str:
+    """Every version answer of the CUDA build the program hears (cudashim.cuda_build)."""
+    from .cuda_build import cuda_build
+
+    build = cuda_build(cuda_version)
+    major, minor = backend.get_device_capability(None)
+    archs = build.with_architecture((major, minor))
+    return (f"CUDA {build.cuda}, cuDNN {build.cudnn}, NCCL {'.'.join(map(str, build.nccl))}, "
+            f"driver {build.driver} (CUDA {build.driver_cuda_version}), compute capability "
+            f"{major}.{minor}, architectures {archs[0]}..{archs[-1]}")
+
+
+def decided_line(line: str, meta_path) -> str:
+    """A library's line, once activation has decided for it: a package imported before
+    activation (torch imports pynvml) was tried then, and the finder knows the outcome."""
+    from .substitutes.finder import SubstituteFinder
+
+    name = line.split()[0]
+    for finder in meta_path:
+        if isinstance(finder, SubstituteFinder):
+            if name in finder.served:
+                return f"{name:10s} stand-in serves: {finder.served[name]}"
+            if name in finder.kept:
+                return f"{name:10s} the real package: {finder.kept[name]}"
+    return line
 
 
 def _without_report(settings):

@@ -140,3 +140,29 @@ def test_bitsandbytes_runs_its_cpu_backend_because_it_hears_the_truth():
     told = python("-m", "cudashim", "--honest-for=-bitsandbytes", "tests/programs/int8_layers.py",
                   timeout=240)
     assert told.returncode != 0 and "_cuda_getCurrentRawStream" in told.stderr
+
+
+@pytest.mark.parametrize("cuda_version", ["12.8", "11.8", "13.0"])
+def test_every_version_answer_describes_one_cuda_build(cuda_version):
+    """torch.version.cuda, cuDNN, NCCL, the arch list, the capability and NVML's driver all
+    describe a machine that could exist; torch itself hears the truth."""
+    import cudashim
+    cudashim.activate("cpu", cuda_version=cuda_version, report=True)
+    import pynvml
+    from cudashim.activation import current_activation
+    major = int(cuda_version.split(".")[0])
+    assert torch.version.cuda == cuda_version and torch.backends.cuda.is_built()
+    assert torch.backends.cudnn.is_available() and torch.backends.cudnn.version() >= 8000
+    assert torch.backends.cudnn.version() // 10000 == (8 if major < 11 else 9)
+    capability = torch.cuda.get_device_capability()
+    assert "sm_%d%d" % capability in torch.cuda.get_arch_list()
+    nccl = torch.cuda.nccl.version()
+    assert isinstance(nccl, tuple) and len(nccl) == 3 and nccl >= (2, 14, 0)
+    pynvml.nvmlInit()
+    assert pynvml.nvmlSystemGetCudaDriverVersion() // 1000 == major
+    assert pynvml.nvmlSystemGetNVMLVersion().endswith(pynvml.nvmlSystemGetDriverVersion())
+    askers = current_activation().report.askers
+    for question in ("torch.backends.cudnn.version", "torch.cuda.nccl.version", "torch.cuda.get_arch_list"):
+        assert askers[question][__name__] == "the compatible answer", question
+    cudashim.deactivate()
+    assert torch.version.cuda is None and torch.backends.cudnn.version() is None

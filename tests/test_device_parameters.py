@@ -8,6 +8,7 @@ import warnings
 
 import pytest
 import torch
+import torch._utils
 
 from conftest import free_port, install_fake
 
@@ -56,6 +57,43 @@ def test_every_entry_names_a_parameter_this_torch_has():
         if function is None or known is not None and parameter not in known:
             stale.append(f"{target}({parameter}) [{where}]")
     assert stale == []
+
+
+def test_every_private_entry_point_libraries_call_is_as_listed():
+    """A torch release that removes, renames or re-signs a private entry point fails here;
+    one the table says is translated must be declared by a group."""
+    declared = {(target, parameter) for _, target, parameter in _declared_targets()}
+    changed = []
+    for entry, listed in device_parameters.PRIVATE_ENTRY_POINTS.items():
+        target, parameter = device_parameters.split_entry(entry)
+        function = device_parameters.resolve(target)
+        if "only in CUDA builds" in listed.how:
+            if (function is None) != (torch.version.cuda is None):
+                changed.append(f"{entry}: present={function is not None}")
+            continue
+        if function is None:
+            changed.append(f"{entry}: gone")
+        elif listed.signature is not None and str(inspect.signature(function)) != listed.signature:
+            changed.append(f"{entry}: now {inspect.signature(function)}")
+        if listed.how.startswith("translated") and (target, parameter) not in declared:
+            changed.append(f"{entry}: said to be translated, declared by no group")
+    assert changed == []
+
+
+def test_private_entry_points_answer_for_the_target_as_the_public_ones_do():
+    import cudashim
+    cudashim.activate("cpu", device_count=2)
+    target = torch.zeros(1, device="cuda").device
+    # bitsandbytes' Int8Params.to(0) and .to("cuda:1"), Lightning's mixin, accelerate's guard
+    for args, kwargs in (((0,), {}), (("cuda:1",), {}), ((), {"device": "cuda"}),
+                         ((torch.device("cuda", 0), torch.half), {})):
+        assert torch._C._nn._parse_to(*args, **kwargs)[0] == target
+    assert torch._C._nn._parse_to(torch.half)[:2] == (None, torch.half)
+    for device in ("cuda:1", "cuda", torch.device("cuda", 1), 1):
+        assert torch._utils._get_device_index(device, True) == torch.cuda._get_device_index(device, True)
+    assert torch._utils._get_device_index("cuda:1") == 1
+    cudashim.deactivate()
+    assert torch._C._nn._parse_to("cpu")[0] == torch.device("cpu")
 
 
 def test_every_parameter_an_install_translates_is_patched_while_active():

@@ -3,6 +3,7 @@ real library computes, checked against torch's reference math forward and backwa
 
 import json
 import math
+import os
 import sys
 import textwrap
 
@@ -42,10 +43,11 @@ def test_the_substitute_setting_chooses_the_libraries(choice, served):
     got = set()
     for name in ("pynvml", "xformers"):
         try:
-            importlib.import_module(name)
-            got.add(name)
+            module = importlib.import_module(name)
         except ImportError:
-            pass
+            continue
+        if "cudashim" in module.__file__:
+            got.add(name)
     assert got == served
 
 
@@ -71,6 +73,7 @@ def _fake_package(root, name, body):
 def test_an_installed_package_wins_only_where_it_imports_and_works(tmp_path, monkeypatch, body, kept):
     _fake_package(tmp_path, "pynvml", body)
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "pynvml", raising=False)    # torch imports nvidia-ml-py's
     import cudashim
     cudashim.activate("cpu")
     import pynvml
@@ -463,9 +466,17 @@ def test_amp_C_through_multi_tensor_applier(shim):
 
 
 # --- pynvml ---------------------------------------------------------------------------------
+def _real_pynvml():
+    """nvidia-ml-py, as torch imported it (skips where it is not installed)."""
+    real = sys.modules.get("pynvml") or pytest.importorskip("pynvml")
+    if "cudashim" in real.__file__:
+        pytest.skip("the real pynvml is not installed")
+    return real
+
+
 def test_pynvml_answers_for_the_target(shim):
     import pynvml
-    with pytest.raises(pynvml.NVMLError):
+    with pytest.raises(pynvml.NVMLError_Uninitialized):
         pynvml.nvmlDeviceGetCount()
     pynvml.nvmlInit()
     assert pynvml.nvmlDeviceGetCount() == torch.cuda.device_count()
@@ -476,12 +487,146 @@ def test_pynvml_answers_for_the_target(shim):
     assert memory.total == total and memory.used + memory.free == memory.total
     assert abs(memory.free - free) < 2 ** 28
     assert 0 <= pynvml.nvmlDeviceGetUtilizationRates(handle).gpu <= 100
-    assert pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU) >= 0
+    for uuid in (pynvml.nvmlDeviceGetUUID(handle), pynvml.nvmlDeviceGetUUID(handle).encode()):
+        assert pynvml.nvmlDeviceGetHandleByUUID(uuid) == handle
+    bus_id = pynvml.nvmlDeviceGetPciInfo(handle).busId
+    assert pynvml.nvmlDeviceGetHandleByPciBusId(bus_id) == handle
+    assert [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)] == [os.getpid()]
     with pytest.raises(pynvml.NVMLError_NotSupported):
         pynvml.nvmlDeviceGetFanSpeed(handle)
-    with pytest.raises(pynvml.NVMLError):
+    with pytest.raises(pynvml.NVMLError_NotSupported) as caught:
+        pynvml.nvmlDeviceGetTotalEccErrors(handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                                           pynvml.NVML_VOLATILE_ECC)
+    assert caught.value.value == pynvml.NVML_ERROR_NOT_SUPPORTED and str(caught.value) == "Not Supported"
+    assert type(pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)) is pynvml.NVMLError_NotFound
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
         pynvml.nvmlDeviceGetHandleByIndex(5)
     pynvml.nvmlShutdown()
+
+
+def test_pynvml_versions_describe_the_cuda_build_the_program_hears():
+    import cudashim
+    cudashim.activate("cpu", cuda_version="11.8")
+    import pynvml
+    pynvml.nvmlInit()
+    assert torch.version.cuda == "11.8"
+    assert pynvml.nvmlSystemGetCudaDriverVersion() == 11080
+    driver = pynvml.nvmlSystemGetDriverVersion()
+    assert int(driver.split(".")[0]) >= 520                # CUDA 11.8 needs driver 520 or later
+    assert pynvml.nvmlSystemGetNVMLVersion() == "11." + driver
+
+
+def test_pynvml_cpu_affinity_is_the_cpus_this_process_may_use_and_pins_there():
+    import cudashim
+    allowed = os.sched_getaffinity(0)
+    cudashim.activate("cpu", device_count=2)
+    import pynvml
+    pynvml.nvmlInit()
+    words = math.ceil(os.cpu_count() / 64)
+    for index in range(2):
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        mask = pynvml.nvmlDeviceGetCpuAffinity(handle, words)
+        cpus = {cpu for cpu in range(64 * words) if mask[cpu // 64] >> (cpu % 64) & 1}
+        assert cpus and cpus <= allowed
+        scoped = pynvml.nvmlDeviceGetCpuAffinityWithinScope(handle, words, pynvml.NVML_AFFINITY_SCOPE_NODE)
+        assert list(scoped) == list(mask)
+        node = pynvml.nvmlDeviceGetNumaNodeId(handle)
+        assert pynvml.nvmlDeviceGetMemoryAffinity(handle, 1, pynvml.NVML_AFFINITY_SCOPE_NODE)[0] == 1 << node
+        pynvml.nvmlDeviceSetCpuAffinity(handle)
+        assert os.sched_getaffinity(0) == cpus
+        pynvml.nvmlDeviceClearCpuAffinity(handle)
+        assert os.sched_getaffinity(0) == allowed
+
+
+def test_pynvml_classifies_every_function_of_the_real_package():
+    """Every NVML function nvidia-ml-py has is either answered by the stand-in, with the real
+    one's parameters, or raises NVML's NotSupported, never a cudashim error."""
+    import inspect
+
+    import cudashim
+    real = _real_pynvml()
+    cudashim.activate("cpu")
+    import pynvml as stand_in
+    assert "cudashim" in stand_in.__file__
+    stand_in.nvmlInit()
+    handle = stand_in.nvmlDeviceGetHandleByIndex(0)
+    functions = [n for n, f in vars(real).items() if n.startswith("nvml") and inspect.isfunction(f)]
+    assert len(functions) > 300
+    answered, not_supported = [], []
+    for name in functions:
+        ours = getattr(stand_in, name)
+        if name in vars(stand_in) and name not in stand_in.NOT_SUPPORTED:
+            theirs = [p for p in inspect.signature(getattr(real, name)).parameters]
+            mine = [p for p in inspect.signature(ours).parameters]
+            assert mine == theirs, name
+            answered.append(name)
+            continue
+        args = [handle] * len(inspect.signature(getattr(real, name)).parameters)
+        with pytest.raises(stand_in.NVMLError_NotSupported):
+            ours(*args)
+        not_supported.append(name)
+    must_answer = {"nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetHandleByUUID",
+                   "nvmlDeviceGetHandleByPciBusId", "nvmlDeviceGetName", "nvmlDeviceGetMemoryInfo",
+                   "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetCpuAffinity",
+                   "nvmlDeviceGetCpuAffinityWithinScope", "nvmlDeviceSetCpuAffinity",
+                   "nvmlDeviceClearCpuAffinity", "nvmlDeviceGetNumaNodeId",
+                   "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetClockInfo",
+                   "nvmlDeviceGetPowerUsage", "nvmlDeviceGetTemperature",
+                   "nvmlSystemGetDriverVersion", "nvmlSystemGetCudaDriverVersion"}
+    assert must_answer <= set(answered)
+    assert {"nvmlDeviceGetEccMode", "nvmlDeviceGetTotalEccErrors"} <= set(not_supported)
+    for constant in [n for n in vars(stand_in) if n.startswith("NVML_")]:
+        assert getattr(real, constant) == getattr(stand_in, constant), constant
+
+
+def test_a_real_pynvml_imported_by_torch_is_replaced_everywhere_and_put_back():
+    import types
+
+    real = _real_pynvml()
+    real_torch_cuda = sys.modules["torch.cuda"]
+    assert real_torch_cuda.pynvml is real                     # torch imported it itself
+    program = types.ModuleType("program_before_activation")
+    exec("from pynvml import nvmlInit, NVMLError\nimport pynvml as nvml", vars(program))
+    sys.modules[program.__name__] = program
+    import cudashim
+    cudashim.activate("cpu", report=True)
+    from cudashim.activation import current_activation
+    import pynvml
+    assert "cudashim" in pynvml.__file__ and sys.modules["pynvml"] is pynvml
+    assert real_torch_cuda.pynvml is pynvml and torch.cuda.pynvml is pynvml
+    assert program.nvml is pynvml and program.nvmlInit is pynvml.nvmlInit
+    assert program.NVMLError is pynvml.NVMLError
+    program.nvmlInit()
+    assert pynvml.nvmlDeviceGetCount() == torch.cuda.device_count()
+    assert "imported before activation" in current_activation().report.stand_ins["pynvml"]
+    cudashim.deactivate()
+    assert sys.modules["pynvml"] is real and real_torch_cuda.pynvml is real
+    assert program.nvml is real and program.nvmlInit is real.nvmlInit
+
+
+@pytest.mark.parametrize("route", ["launcher", "auto", "image"])
+def test_nvidia_affinity_code_runs_with_the_real_pynvml_installed(route):
+    """NVIDIA's pinning code with nvidia-ml-py installed, imported by torch before cudashim
+    activates, on each way of starting cudashim."""
+    _real_pynvml()
+    program = "tests/programs/nvml_affinity.py"
+    env = None
+    if route == "launcher":
+        args = ("-m", "cudashim", "--device-count", "2", program)
+    elif route == "auto":
+        args = ("-c", f"import cudashim.auto, runpy; runpy.run_path({program!r}, run_name='__main__')")
+        env = {"CUDASHIM_DEVICE_COUNT": "2"}
+    else:
+        from test_images import image_environment
+        env, args = image_environment("--device-count", "2"), (program,)
+    run = python(*args, env={**(env or {}), "LOCAL_RANK": "1"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    answer = json.loads(run.stdout.strip().splitlines()[-1])
+    assert answer["stand_in"] and answer["torch_cuda_holds_it"] and answer["devices"] == 2
+    assert answer["cpus"] and answer["pinned"] == answer["cpus"]
+    assert answer["cuda_driver"] == 12080 and answer["driver"].startswith("570.")
+    unshimmed = python(program)
+    assert unshimmed.returncode != 0 and "NVMLError_LibraryNotFound" in unshimmed.stderr
 
 
 # --- whole programs -------------------------------------------------------------------------
@@ -510,6 +655,23 @@ def test_the_cuda_libraries_example_equals_its_hand_port(tmp_path):
 def test_without_the_shim_the_example_cannot_import_its_libraries():
     plain = python("examples/cuda_libraries.py", "--steps", "1")
     assert plain.returncode != 0 and "ModuleNotFoundError" in plain.stderr
+
+
+@pytest.mark.parametrize("bits, stored", [(8, "torch.int8"), (4, "torch.uint8")])
+def test_qlora_with_bitsandbytes_trains_and_generates_on_the_target(tmp_path, bits, stored):
+    """transformers loads the model quantized through bitsandbytes (which calls torch's private
+    _parse_to with the device), PEFT trains LoRA adapters on it, and it generates."""
+    for package in ("bitsandbytes", "peft", "transformers"):
+        pytest.importorskip(package)
+    run = python("-m", "cudashim", "tests/programs/qlora.py", str(tmp_path / "model"), "--bits", str(bits),
+                 timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["weight_dtype"] == stored and result["is_cuda"] and result["adapters_moved"]
+    assert result["device"] == str(torch.zeros(1).device)         # the CPU backend's device
+    losses = result["losses"]
+    assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
+    assert len(result["tokens"]) == 10
 
 
 def test_bitsandbytes_runs_its_cpu_backend_under_the_shim(shim):

@@ -15,11 +15,13 @@ import sys
 from ..parallel.apply import parallel_apply_for
 from ..parallel.comm import DeviceComm
 from ..parallel.functions import autograd_functions
+from ..proxy.module import answer_by_caller
 
 _PARALLEL = "torch.nn.parallel"
 # The device parameters this group's replacements take. DataParallel, data_parallel and
 # replicate take theirs too and hand them to what is replaced here (device_parameters.py).
 TRANSLATES = (
+    ("torch._utils:_get_device_index", "device"),
     (f"{_PARALLEL}:parallel_apply", "devices"),
     *((f"{_PARALLEL}.comm:{name}", "devices") for name in ("broadcast", "broadcast_coalesced", "scatter")),
 )
@@ -54,5 +56,10 @@ def install(activation):
     set_attr(data_parallel, "_get_available_device_type",
              lambda: "cuda" if backend.device_count() > 0 else None)
     set_attr(data_parallel, "_get_all_device_indices", lambda: list(range(backend.device_count())))
+    # The same parser where libraries reach it (Lightning's GPU stats, torch.nn.parallel's
+    # callers): CUDA indices, as on CUDA; torch's own modules keep the real one.
+    set_attr(module("torch._utils"), "_get_device_index", answer_by_caller(
+        "torch._utils._get_device_index", module("torch._utils")._get_device_index,
+        get_device_index, f"cudashim on {backend.name}", activation.report))
     set_attr(data_parallel, "_get_devices_properties",
              lambda device_ids: [backend.get_device_properties(i) for i in device_ids])

@@ -116,6 +116,62 @@ DELEGATED_TO: Dict[str, str] = {
 }
 
 
+class PrivateEntry(NamedTuple):
+    callers: str                # the libraries found calling it, and where
+    how: str                    # what cudashim does with it, or why it leaves it
+    signature: Optional[str]    # inspect's signature of a Python function, to notice a change
+
+
+_ABSENT_OFF_CUDA = ("exists only in CUDA builds of torch, which detects its own CUDA build by "
+                    "these bindings (torch.cuda._is_compiled), so cudashim adds none: torch's "
+                    "own modules would take CUDA paths")
+_DEVICE_INDEX = "(device: Any, optional: bool = False, allow_cpu: bool = False) -> int"
+
+# torch's private entry points that widely used libraries call with a device, found by reading
+# their sources (bitsandbytes, accelerate, transformers, peft, DeepSpeed, Lightning, timm,
+# diffusers, megatron-core): "module:attribute(parameter)" -> the entry. Translated ones are
+# declared by a group as the public ones are; tests/test_device_parameters.py checks that each
+# still exists with the same signature, or is absent where the entry says it is.
+PRIVATE_ENTRY_POINTS: Dict[str, PrivateEntry] = {
+    "torch._C._nn:_parse_to(device)": PrivateEntry(
+        "bitsandbytes (Int8Params.to, Params4bit.to, Linear8bitLt's state), accelerate "
+        "(big_modeling's dispatched-model guard), Lightning (DeviceDtypeModuleMixin.to), "
+        "torch's own Module.to",
+        "translated by the 'tensors' group, as Tensor.to: the device it parses is the target's",
+        None),
+    "torch._utils:_get_device_index(device)": PrivateEntry(
+        "Lightning (CUDAAccelerator's GPU stats), torch.nn.parallel",
+        "translated by the 'data_parallel' group for the program and its libraries: CUDA "
+        "indices, as on CUDA; torch's own modules keep the real parser", _DEVICE_INDEX),
+    "torch.cuda:_get_device_index(device)": PrivateEntry(
+        "DeepSpeed, apex, torch.cuda's own functions",
+        "the proxy torch.cuda's private name, by torch.cuda's rules", _DEVICE_INDEX),
+    "torch.cuda:_lazy_call(callable)": PrivateEntry(
+        "DeepSpeed's CUDA accelerator (lazy_call), Megatron's RNG tracker",
+        "the proxy torch.cuda's private name: runs the callable now, the device being ready",
+        "(callable, **kwargs)"),
+    "torch._C:_get_accelerator(check)": PrivateEntry(
+        "transformers (its device mesh and tensor-parallel set-up), diffusers",
+        "untouched: it names the target's device type, where the program's tensors are", None),
+    "torch._C:_get_privateuse1_backend_name()": PrivateEntry(
+        "timm (devices whose optimizers support capturable)",
+        "untouched: the name of a PrivateUse1 target is the target's own", None),
+    "torch._C:_cuda_getCurrentRawStream(device_index)": PrivateEntry(
+        "bitsandbytes (the stream its CUDA kernels run on)",
+        f"called only for tensors whose device.type is 'cuda', which bitsandbytes (it hears "
+        f"the truth) never has off CUDA; {_ABSENT_OFF_CUDA}", None),
+    "torch._C:_cuda_clearCublasWorkspaces()": PrivateEntry(
+        "Lightning (its CUDA accelerator's teardown, behind hasattr)",
+        f"Lightning checks hasattr first; {_ABSENT_OFF_CUDA}", None),
+    "torch._C:_cuda_isInBadFork()": PrivateEntry(
+        "accelerate (notebook_launcher's checks)",
+        f"the public torch.cuda._is_in_bad_fork answers through the proxy; {_ABSENT_OFF_CUDA}", None),
+    "torch._C:_cuda_getDeviceCount()": PrivateEntry(
+        "training scripts printing their set-up",
+        f"torch.cuda.device_count() is the public answer; {_ABSENT_OFF_CUDA}", None),
+}
+
+
 class Parameter(NamedTuple):
     name: str               # where the program reaches it: "torch.random.fork_rng"
     owner: object           # the function (or method) that takes it

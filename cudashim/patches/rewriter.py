@@ -158,6 +158,9 @@ class Rewrite:
     arguments: Tuple[Argument, ...]
     api: Optional[str] = None                    # the report's name; default the target's
     aliases: Tuple[str, ...] = ()                # other "module:name" holding the same object
+    # False keeps the Python wrapper alone, no compiled twin: for a target dynamo registers a
+    # polyfill for when it is imported, which must be a Python function.
+    compiled: bool = True
 
     @property
     def module(self) -> str:
@@ -173,9 +176,10 @@ class Rewrite:
 
 
 def rewrite(target: str, kind: Kind, parameter: str = "device", position: Optional[int] = None,
-            missing: Any = NOTHING, api: Optional[str] = None, aliases: Tuple[str, ...] = ()) -> Rewrite:
+            missing: Any = NOTHING, api: Optional[str] = None, aliases: Tuple[str, ...] = (),
+            compiled: bool = True) -> Rewrite:
     """A rewrite of one argument (the common case)."""
-    return Rewrite(target, (Argument(kind, parameter, position, missing),), api, aliases)
+    return Rewrite(target, (Argument(kind, parameter, position, missing),), api, aliases, compiled)
 
 
 def apply(activation, declaration: Rewrite) -> None:
@@ -218,7 +222,7 @@ def rewritten(activation, declaration: Rewrite, original):
     else:
         return functools.wraps(original)(_any_arguments(original, slots))
     function = functools.wraps(original)(function)
-    if activation.compiled is None:
+    if activation.compiled is None or not declaration.compiled:
         return function
     return compiled_twin(_compiled(activation, original, slots), function)
 

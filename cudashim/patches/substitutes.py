@@ -2,8 +2,9 @@
 
 The import hook (``cudashim/substitutes/finder.py``) goes first on ``sys.meta_path`` and
 decides per library at its first import; ``--substitute`` chooses the libraries. A library
-imported before activation keeps what it imported. Deactivation takes the hook out and the
-stand-ins out of ``sys.modules``.
+imported before activation (torch imports pynvml itself) is decided at once, and where the
+stand-in is served, the references to the real modules point at it. Deactivation takes the
+hook out, the stand-ins out of ``sys.modules`` and the real modules back in.
 """
 
 import sys
@@ -18,3 +19,4 @@ def install(activation):
     finder = SubstituteFinder(activation, enabled)
     sys.meta_path.insert(0, finder)
     activation.registry.add_undo("the import hook for CUDA-only libraries", finder.remove)
+    finder.replace_imported(activation.registry)

@@ -16,6 +16,12 @@ from .rewriter import DEVICE, apply, compiled_twin, rewrite
 REWRITES = (
     # Tensor.to(self, *args, **kwargs): the device, when given, is the first positional.
     rewrite("torch:Tensor.to", DEVICE, position=1),
+    # Tensor.to's parser, which libraries call themselves to learn where a tensor goes
+    # (bitsandbytes' Int8Params.to, Lightning's module mixin, accelerate): the same device.
+    # A Python function: dynamo registers its polyfill for whatever _parse_to is when it
+    # loads, and accepts only functions (its polyfill parses devices with torch.device,
+    # which translates).
+    rewrite("torch._C._nn:_parse_to", DEVICE, position=0, compiled=False),
     *(rewrite(f"torch:Tensor.{name}", DEVICE) for name in (
         "new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full", "new_tensor")),
     rewrite("torch:TypedStorage.to", DEVICE),

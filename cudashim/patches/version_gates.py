@@ -4,8 +4,9 @@ Libraries gate features on them: the Hugging Face Trainer refuses ``--tf32`` (an
 bf16) when ``torch.version.cuda`` is None, and programs compare
 ``torch.backends.cudnn.version() >= 8000``, which raises on the None a build without cuDNN
 gives. The program and its libraries hear a CUDA build (the ``cuda_version`` setting) with
-the cuDNN that torch's wheels for that CUDA line ship; torch and the libraries that load
-native CUDA code hear the truth (``callers``).
+the cuDNN that torch's wheels for that CUDA line ship (``cuda_build``, the one table of
+version answers); torch and the libraries that load native CUDA code hear the truth
+(``callers``).
 """
 
 import functools
@@ -15,6 +16,7 @@ import types
 import torch
 
 from ..callers import asking_module, hears_truth
+from ..cuda_build import cuda_build
 
 
 def install(activation):
@@ -37,17 +39,10 @@ def install(activation):
         return is_built
 
     activation.replace(torch.backends.cuda, "is_built", make_is_built)
-    cudnn = cudnn_version(activation.settings.cuda_version)
+    cudnn = cuda_build(activation.settings.cuda_version).cudnn
     for question, compatible in (("version", cudnn), ("is_available", True)):
         activation.replace(torch.backends.cudnn, question, functools.partial(
             _by_who_asks, f"torch.backends.cudnn.{question}", compatible, report))
-
-
-def cudnn_version(cuda_version: str) -> int:
-    """The cuDNN (as ``torch.backends.cudnn.version()`` spells it) that torch's CUDA wheels
-    of the ``cuda_version`` line ship: 9.10.2 with CUDA 12, 9.1.0 with 11.8, 8.9.7 before."""
-    major = int(cuda_version.split(".")[0])
-    return 91002 if major >= 12 else 90100 if major == 11 else 8907
 
 
 def _by_who_asks(api, compatible, report, original):

@@ -18,6 +18,7 @@ from typing import ClassVar, Dict, Tuple
 import torch
 
 from .. import legacy_types
+from ..cuda_build import cuda_build
 from ..errors import warn_once
 from .forwarders import device_index, forwarded_as
 
@@ -261,8 +262,10 @@ class TorchCuda(Implementation):
         pass
 
     def get_arch_list(self) -> list:
-        major, minor = self.backend.get_device_capability(None)
-        return [f"sm_{major}{minor}"]
+        """What torch's wheels of the CUDA line the program hears are built for, with the
+        device's own architecture (``cuda_build``)."""
+        build = cuda_build(self.settings.cuda_version)
+        return list(build.with_architecture(self.backend.get_device_capability(None)))
 
     def get_gencode_flags(self) -> str:
         return ""
@@ -364,12 +367,17 @@ class TorchCudaAmp(Implementation):
 
 
 class TorchCudaNccl(Implementation):
-    """``torch.cuda.nccl``: NCCL's own bindings do not exist off CUDA."""
+    """``torch.cuda.nccl``: NCCL's own bindings do not exist off CUDA; its version is the one
+    the CUDA build the program hears ships (``init_process_group("nccl")`` runs on the
+    target's collective library)."""
     module = "torch.cuda.nccl"
 
     @staticmethod
     def is_available(tensors=None) -> bool:
         return False
+
+    def version(self) -> Tuple[int, int, int]:
+        return cuda_build(self.settings.cuda_version).nccl
 
 
 class TorchCudaComm(Implementation):

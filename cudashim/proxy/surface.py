@@ -71,7 +71,7 @@ SURFACE: Dict[str, Dict[str, Tuple[str, str]]] = {
     "torch.cuda.nccl": {
         **{n: (REFUSED, _USE_DISTRIBUTED) for n in [
             "all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "init_rank",
-            "unique_id", "version"]},
+            "unique_id"]},
     },
     "torch.cuda.profiler": {n: (HARMLESS, _NO_PROFILER) for n in ["start", "stop", "profile"]},
     "torch.cuda.sparse": {n: (REFUSED, _NO_SPARSE_LEGACY) for n in [

@@ -14,6 +14,13 @@ assumption that is plain Python, out of any shim's reach), and native CUDA code
 
 from __future__ import annotations
 
+# The version answers cudashim gives the program (cudashim/cuda_build.py), by name.
+VERSION_ANSWERS = {
+    "torch.backends.cudnn.version": "the cuDNN torch's wheels of that CUDA line ship (never None)",
+    "torch.backends.cudnn.is_available": "True",
+    "torch.backends.cuda.is_built": "True",
+}
+
 import ast
 import copy
 import functools
@@ -220,7 +227,8 @@ class FileScanner(ast.NodeVisitor):
         if stand_in is not None and substitutes.provides(module) and not self.target.runs("cuda"):
             self._add(node, (HANDLED, f"imports {module}: substituted, cudashim serves its stand-in "
                                       f"on torch operations where the real {stand_in.name} "
-                                      f"cannot work", None))
+                                      f"cannot work, even where something imported it before "
+                                      f"cudashim activated", None))
             return True
         found = libraries.cuda_only_library(module)
         if found is None:
@@ -260,6 +268,11 @@ class FileScanner(ast.NodeVisitor):
                 and name.endswith(("allow_tf32", "fp32_precision")):
             self._add(node, (HANDLED, "a TF32 flag: it turns the target's reduced-precision float32 "
                                       "matmul on and off where it has one (--tf32)"
+                                      if target.redirects else "native CUDA", None))
+        elif name in VERSION_ANSWERS:
+            self._add(node, (HANDLED, f"{name}(): {VERSION_ANSWERS[name]}, from the CUDA build the "
+                                      "program hears (--cuda-version), which torch.version.cuda, "
+                                      "NCCL's and NVML's versions agree with"
                                       if target.redirects else "native CUDA", None))
         elif name.startswith(("torch.backends.cuda.", "torch.backends.cudnn.")):
             self._add(node, (HANDLED, "a CUDA library flag: setting it is harmless where it does "

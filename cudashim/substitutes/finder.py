@@ -9,6 +9,13 @@ import of a library's top-level name it decides once:
    ``sys.modules`` is removed and the stand-in is served; otherwise the real module is
    handed to the import that asked, untouched.
 
+A library already imported when cudashim activates (``import torch`` imports pynvml itself
+where it is installed) gets the same decision at activation (``replace_imported``): where the
+real package fails its try, its modules leave ``sys.modules`` for the stand-in, and every
+module-level reference to them (``torch.cuda.pynvml``, a program's ``from pynvml import
+nvmlInit``) is pointed at the stand-in's, through the registry; deactivation puts the real
+modules and references back.
+
 Submodules follow their parent's ``__path__``, so ``import flash_attn.bert_padding`` finds
 the stand-in's file, or the real one, with no help. The finder also answers
 ``importlib.metadata`` for a stand-in whose real distribution is not installed, so libraries
@@ -27,7 +34,8 @@ import logging
 import re
 import sys
 import threading
-from typing import Dict, Iterable
+import types
+from typing import Dict, Iterable, Iterator, Tuple
 
 from . import LIBRARIES, Library, probes, provides, source_of
 from ._refuse import refusal
@@ -100,6 +108,7 @@ class SubstituteFinder(importlib.abc.MetaPathFinder):
         self.served: Dict[str, str] = {}       # import name -> why the stand-in was served
         self.kept: Dict[str, str] = {}         # import name -> why the real package was kept
         self._trying: set = set()              # names being imported for real, in this finder
+        self.displaced: Dict[str, types.ModuleType] = {}   # real modules imported before us
         self._lock = threading.RLock()
 
     # --- imports -----------------------------------------------------------------------
@@ -117,6 +126,29 @@ class SubstituteFinder(importlib.abc.MetaPathFinder):
             if spec is None:
                 spec = self.decisions[fullname] = self._decide(library, fullname)
             return spec
+
+    def replace_imported(self, registry) -> None:
+        """Decide now for every library imported before activation, as its first import
+        would have; where the stand-in is served, point the references cudashim can reach
+        at it."""
+        for name, library in self.by_module.items():
+            real = sys.modules.get(name)
+            if real is None or name in self.decisions:
+                continue
+            with self._lock:
+                why_not = probes.why_not_working(library.name, real, self.device) \
+                    if name == library.modules[0] else None
+                if why_not is None:
+                    self.kept[name] = "the real package, imported before activation, works on the target"
+                    self.decisions[name] = importlib.util.spec_from_loader(name, _ImportedLoader(real))
+                    continue
+                why = f"the real package, imported before activation, {why_not}"
+                displaced = {m: sys.modules[m] for m in _family(name)}
+                self.displaced.update(displaced)
+                self.decisions[name] = self._serve(library, name, why)
+                stand_in = importlib.import_module(name)
+            for owner, attribute, value in _references_to(displaced, stand_in):
+                registry.set_attr(owner, attribute, value)
 
     def _decide(self, library: Library, name: str):
         if self._real_spec(name) is None:
@@ -182,11 +214,53 @@ class SubstituteFinder(importlib.abc.MetaPathFinder):
             sys.meta_path.remove(self)
         for name in self.served:
             _forget(name)
+        sys.modules.update(self.displaced)
+
+
+def _family(name: str) -> list:
+    """``name`` and its submodules, as ``sys.modules`` holds them."""
+    return [m for m in list(sys.modules) if m == name or m.startswith(name + ".")]
 
 
 def _forget(name: str) -> None:
-    for module in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+    for module in _family(name):
         del sys.modules[module]
+
+
+# What a module-level name can hold of a library that is worth pointing elsewhere: modules,
+# functions and classes. Constants are left alone: a small int is the same object everywhere.
+_REBOUND_KINDS = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, type)
+
+
+def _references_to(displaced: Dict[str, types.ModuleType],
+                   stand_in: types.ModuleType) -> Iterator[Tuple[object, str, object]]:
+    """(module, name, the stand-in's object) for every module-level name, in every module
+    imported (and in the real modules behind cudashim's proxies), that holds a displaced
+    module or one of its top-level functions or classes that the stand-in also has."""
+    replacement = {}
+    for real_name, real in displaced.items():
+        ours = sys.modules.get(real_name) if real_name != stand_in.__name__ else stand_in
+        if ours is not None:
+            replacement[id(real)] = ours
+        if real_name == stand_in.__name__:
+            for attribute, value in vars(real).items():
+                if isinstance(value, _REBOUND_KINDS[1:]) and _defined_in(value, displaced) \
+                        and hasattr(stand_in, attribute):
+                    replacement[id(value)] = getattr(stand_in, attribute)
+    holders = [m for m in list(sys.modules.values()) if isinstance(m, types.ModuleType)]
+    holders += [vars(m)["_cudashim_real"] for m in holders if "_cudashim_real" in vars(m)]
+    for holder in holders:
+        if holder.__name__.partition(".")[0] == stand_in.__name__ or holder in displaced.values():
+            continue
+        for attribute, value in list(vars(holder).items()):
+            if id(value) in replacement and isinstance(value, _REBOUND_KINDS) \
+                    and replacement[id(value)] is not value:
+                yield holder, attribute, replacement[id(value)]
+
+
+def _defined_in(value, modules: Dict[str, types.ModuleType]) -> bool:
+    """Whether a function or class was defined by one of ``modules`` (not imported into it)."""
+    return getattr(value, "__module__", None) in modules
 
 
 def enabled_libraries(settings) -> Iterable[str]:
