@@ -215,3 +215,25 @@ def test_portable_kernels_are_registered_only_where_the_target_has_none():
     assert kernel_gaps.dispatch_key("cpu") == "CPU" and kernel_gaps.dispatch_key("xpu") == "XPU"
     # This CPU build has a kernel for none of them, on the host or on any accelerator's key.
     assert kernel_gaps.missing_ops("cpu") == kernel_gaps.missing_ops("xpu") == list(OPS)
+
+
+def test_bitsandbytes_says_at_import_what_has_no_kernel_on_the_target():
+    """Before a model is loaded: bitsandbytes' CPU backend covers everything here, while a
+    PrivateUse1 accelerator gets only its kernels in torch operations, no 8-bit optimizer."""
+    pytest.importorskip("bitsandbytes")
+    import cudashim
+    from cudashim.patches import kernel_gaps
+    cudashim.activate("cpu")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        import bitsandbytes
+    assert not [w for w in caught if "no kernel" in str(w.message)]
+    assert kernel_gaps.bitsandbytes_gaps("cpu") == {} and kernel_gaps.bitsandbytes_gaps("cuda") == {}
+    accelerator = torch._C._get_privateuse1_backend_name()
+    gaps = kernel_gaps.bitsandbytes_gaps(accelerator)
+    assert [feature.split(" (")[0] for feature in gaps] == ["8-bit optimizers"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kernel_gaps._say_bitsandbytes_gaps(accelerator, bitsandbytes)
+    said = [str(w.message) for w in caught]
+    assert len(said) == 1 and "optimizer_update_8bit_blockwise" in said[0] and accelerator in said[0]

@@ -58,6 +58,33 @@ def missing_ops(device_type: str) -> List[str]:
             if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", key)]
 
 
+# What each bitsandbytes feature CUDA programs use runs on: its ops, by name. bitsandbytes
+# registers kernels per device, plus "default" ones in torch operations for any device.
+BITSANDBYTES_FEATURES = {
+    "8-bit layers (load_in_8bit, Linear8bitLt)": (
+        "int8_vectorwise_quant", "int8_linear_matmul", "int8_mm_dequant"),
+    "4-bit layers (load_in_4bit, Linear4bit)": ("quantize_4bit", "dequantize_4bit", "gemv_4bit"),
+    "8-bit optimizers (Adam8bit, AdamW8bit, PagedAdamW8bit, ...)": ("optimizer_update_8bit_blockwise",),
+}
+_ANY_DEVICE_KEYS = ("CompositeExplicitAutograd", "CompositeImplicitAutograd")
+
+
+def bitsandbytes_gaps(device_type: str) -> dict:
+    """{feature: the ops bitsandbytes has no kernel for on ``device_type``}, for the features
+    that cannot run there (bitsandbytes imported; empty on CUDA)."""
+    key = dispatch_key(device_type)
+    if key is None:
+        return {}
+    gaps = {}
+    for feature, ops in BITSANDBYTES_FEATURES.items():
+        missing = [op for op in ops if not any(
+            torch._C._dispatch_has_kernel_for_dispatch_key(f"bitsandbytes::{op}", k)
+            for k in (key, *_ANY_DEVICE_KEYS))]
+        if missing:
+            gaps[feature] = missing
+    return gaps
+
+
 def install(activation):
     device_type = activation.backend.device_type
     if device_type == "cpu":
@@ -65,6 +92,21 @@ def install(activation):
     missing = missing_ops(device_type)
     if missing:
         _register_portable_kernels(activation, device_type, missing)
+    activation.when_imported("bitsandbytes", functools.partial(_say_bitsandbytes_gaps, device_type))
+
+
+def _say_bitsandbytes_gaps(device_type, bitsandbytes) -> None:
+    """One warning, when bitsandbytes is imported (before any model is loaded), naming what of
+    it has no kernel on the target."""
+    from ..errors import warn_once
+
+    gaps = bitsandbytes_gaps(device_type)
+    if gaps:
+        features = "; ".join(f"{feature} (bitsandbytes::{', '.join(ops)})" for feature, ops in gaps.items())
+        warn_once(f"bitsandbytes-gaps-{device_type}",
+                  f"bitsandbytes {getattr(bitsandbytes, '__version__', '')} has no kernel on "
+                  f"{device_type} for: {features}. These fail where the program uses them; its "
+                  f"other features run on bitsandbytes' kernels in torch operations")
 
 
 def _fill_dtype_gaps(activation):
