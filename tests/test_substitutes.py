@@ -498,6 +498,9 @@ def test_pynvml_answers_for_the_target(shim):
         pynvml.nvmlDeviceGetTotalEccErrors(handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
                                            pynvml.NVML_VOLATILE_ECC)
     assert caught.value.value == pynvml.NVML_ERROR_NOT_SUPPORTED and str(caught.value) == "Not Supported"
+    import pickle
+    copied = pickle.loads(pickle.dumps(caught.value))         # errors cross process boundaries
+    assert type(copied) is pynvml.NVMLError_NotSupported and copied == caught.value
     assert type(pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)) is pynvml.NVMLError_NotFound
     with pytest.raises(pynvml.NVMLError_InvalidArgument):
         pynvml.nvmlDeviceGetHandleByIndex(5)

@@ -148,7 +148,11 @@ class SubstituteFinder(importlib.abc.MetaPathFinder):
                 self.decisions[name] = self._serve(library, name, why)
                 stand_in = importlib.import_module(name)
             for owner, attribute, value in _references_to(displaced, stand_in):
-                registry.set_attr(owner, attribute, value)
+                try:
+                    registry.set_attr(owner, attribute, value)
+                except (AttributeError, TypeError) as exc:     # a module that refuses writes
+                    log.debug("cudashim: %s.%s keeps the real %s: %s",
+                              owner.__name__, attribute, name, exc)
 
     def _decide(self, library: Library, name: str):
         if self._real_spec(name) is None:

@@ -61,6 +61,7 @@ class NVMLError(Exception):
 
     def __init__(self, value: int = 999):
         self.value = value
+        self.args = (value,)                  # pickles and copies back to the same error
 
     def __str__(self):
         return nvmlErrorString(self.value)
@@ -514,12 +515,18 @@ def nvmlDeviceGetCpuAffinityWithinScope(handle, cpuSetSize: int, scope: int):
 
 def nvmlDeviceSetCpuAffinity(handle) -> None:
     """Pin the calling thread to the device's CPUs, as NVML does."""
-    os.sched_setaffinity(0, _device_cpus(_index(handle)))
+    _pin(_device_cpus(_index(handle)))
 
 
 def nvmlDeviceClearCpuAffinity(handle) -> None:
     _index(handle)
-    os.sched_setaffinity(0, _PROCESS_CPUS)
+    _pin(_PROCESS_CPUS)
+
+
+def _pin(cpus: Set[int]) -> None:
+    if not hasattr(os, "sched_setaffinity"):        # macOS: the kernel does not let threads pin
+        _fail("NOT_SUPPORTED")
+    os.sched_setaffinity(0, cpus)
 
 
 def nvmlDeviceGetMemoryAffinity(handle, nodeSetSize: int, scope: int):
