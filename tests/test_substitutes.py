@@ -628,8 +628,9 @@ def test_nvidia_affinity_code_runs_with_the_real_pynvml_installed(route):
     assert answer["stand_in"] and answer["torch_cuda_holds_it"] and answer["devices"] == 2
     assert answer["cpus"] and answer["pinned"] == answer["cpus"]
     assert answer["cuda_driver"] == 12080 and answer["driver"].startswith("570.")
-    unshimmed = python(program)
-    assert unshimmed.returncode != 0 and "NVMLError_LibraryNotFound" in unshimmed.stderr
+    if route == "launcher":
+        unshimmed = python(program)
+        assert unshimmed.returncode != 0 and "NVMLError_LibraryNotFound" in unshimmed.stderr
 
 
 # --- whole programs -------------------------------------------------------------------------
@@ -667,14 +668,14 @@ def test_qlora_with_bitsandbytes_trains_and_generates_on_the_target(tmp_path, bi
     for package in ("bitsandbytes", "peft", "transformers"):
         pytest.importorskip(package)
     run = python("-m", "cudashim", "tests/programs/qlora.py", str(tmp_path / "model"), "--bits", str(bits),
-                 timeout=600)
+                 "--steps", "4", "--new-tokens", "4", timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["weight_dtype"] == stored and result["is_cuda"] and result["adapters_moved"]
     assert result["device"] == str(torch.zeros(1).device)         # the CPU backend's device
     losses = result["losses"]
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
-    assert len(result["tokens"]) == 10
+    assert len(result["tokens"]) == 8
 
 
 def test_bitsandbytes_runs_its_cpu_backend_under_the_shim(shim):

@@ -119,17 +119,18 @@ def test_the_cuda_libraries_example_trains_on_vulkan_with_the_stand_ins(tmp_path
     assert "pynvml: the real package, imported before activation, it fails on vulkan" in run.stderr
 
 
-@pytest.mark.parametrize("bits", [8, 4])
-def test_qlora_trains_and_generates_on_vulkan_as_on_the_cpu(tmp_path, bits):
+def test_qlora_trains_and_generates_on_vulkan_as_on_the_cpu(tmp_path):
     """transformers loads the model quantized by bitsandbytes onto the device (through torch's
     private _parse_to), PEFT trains LoRA adapters there and it generates: the same losses and
     tokens as on the CPU backend. bitsandbytes says once that its 8-bit optimizers have no
-    kernel on vulkan; the program uses none."""
+    kernel on vulkan; the program uses none. 8-bit here; 4-bit (nf4) runs the same way, on
+    bitsandbytes' kernels in torch operations, at several times the cost on llvmpipe."""
     for package in ("bitsandbytes", "peft", "transformers"):
         pytest.importorskip(package)
     results = {}
     for target, vulkan in (("vulkan", True), ("cpu", False)):
-        run = _run("tests/programs/qlora.py", str(tmp_path / target), "--bits", str(bits), vulkan=vulkan)
+        run = _run("tests/programs/qlora.py", str(tmp_path / target), "--bits", "8", "--steps", "3",
+                   "--new-tokens", "3", vulkan=vulkan)
         results[target] = json.loads(run.stdout.strip().splitlines()[-1])
         said = [line for line in run.stderr.splitlines() if "has no kernel on" in line]
         assert len(said) == (1 if vulkan else 0) and (not said or "8-bit optimizers" in said[0])

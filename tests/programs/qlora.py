@@ -14,6 +14,8 @@ from transformers import AutoModelForCausalLM, BitsAndBytesConfig, LlamaConfig, 
 parser = argparse.ArgumentParser()
 parser.add_argument("folder")
 parser.add_argument("--bits", type=int, choices=(4, 8), default=4)
+parser.add_argument("--steps", type=int, default=6)
+parser.add_argument("--new-tokens", type=int, default=6)
 args = parser.parse_args()
 
 torch.manual_seed(0)
@@ -38,7 +40,7 @@ optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad]
 
 batch = torch.randint(0, 128, (2, 16)).to("cuda")
 losses = []
-for step in range(6):
+for step in range(args.steps):
     loss = model(input_ids=batch, labels=batch).loss
     loss.backward()
     optimizer.step()
@@ -48,6 +50,6 @@ for step in range(6):
 moved = all(not torch.equal(p.detach(), adapters[n]) for n, p in model.named_parameters() if p.requires_grad)
 with torch.no_grad():
     tokens = model.generate(input_ids=batch[:1, :4], attention_mask=torch.ones_like(batch[:1, :4]),
-                            max_new_tokens=6, do_sample=False, pad_token_id=0)
+                            max_new_tokens=args.new_tokens, do_sample=False, pad_token_id=0)
 print(json.dumps({"weight_dtype": weight_dtype, "device": str(model.device), "is_cuda": batch.is_cuda,
                   "losses": losses, "adapters_moved": moved, "tokens": tokens[0].tolist()}))
