@@ -15,13 +15,21 @@ answers that fp16 is supported.
 The 1-bit optimizers' ``"nccl"`` backend packs with CuPy, and DeepSpeed's CPU, MPS and HPU
 accelerators have no packbits op for its ``"compressed"`` backend: ``_deepspeed_onebit.py``
 serves both from ``cudashim.kernels``.
+
+DeepSpeed's CPU communication (``deepspeed_shm_comm``) gives every rank a 66 MiB buffer in
+``/dev/shm`` named after the master's address and port, and never unlinks it: each run would
+leave its buffers in host memory until the machine restarts. Once every rank has opened its
+peers' buffers (which DeepSpeed's backend does before it returns), a name serves nobody, so
+each rank unlinks its own at exit.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import warnings
+from pathlib import Path
 
 import wrapt
 
@@ -31,6 +39,8 @@ from . import _deepspeed_onebit as onebit
 SELECTOR = "DS_ACCELERATOR"
 ACCELERATORS = "deepspeed.accelerator.real_accelerator"
 CPU_ACCELERATOR, _ = onebit.accelerator_class("cpu")
+TORCH_BACKEND = "deepspeed.comm.torch"
+SHARED_MEMORY = Path("/dev/shm")
 
 
 def install(activation):
@@ -64,6 +74,26 @@ def install(activation):
     accelerator_module, accelerator_class = onebit.accelerator_class(wanted)
     activation.when_imported(accelerator_module, fill_in_packbits)
     _serve_the_nccl_backend(activation)
+    if wanted == "cpu":
+        activation.when_imported(TORCH_BACKEND, lambda module: activation.replace(
+            module.TorchBackend, "__init__",
+            lambda original: wrapt.FunctionWrapper(original, _unlink_buffer_at_exit)))
+
+
+def _unlink_buffer_at_exit(init, backend, args, kwargs):
+    """After DeepSpeed's backend is up, the rank's shared-memory buffer is unlinked at exit."""
+    init(*args, **kwargs)
+    if getattr(backend, "shm_comm_op", None) is None:
+        return
+    buffer = SHARED_MEMORY / shared_buffer_name(backend.get_rank())
+    if buffer.exists():
+        atexit.register(buffer.unlink, missing_ok=True)
+
+
+def shared_buffer_name(rank: int) -> str:
+    """The name deepspeed_shm_comm gives a rank's allreduce buffer (shm.cpp's SHM_BUFFER_NAME)."""
+    return "_".join(("deepspeed_allreduce_buffer", str(os.getuid()), os.environ.get("MASTER_ADDR", ""),
+                     os.environ.get("MASTER_PORT", ""), str(rank)))
 
 
 def _serve_the_nccl_backend(activation):
