@@ -13,7 +13,8 @@ import torch
 
 from ..backends import staged
 from ..callers import hears_truth
-from . import _nccl_order as nccl_order, _nccl_shapes as nccl_shapes, _sync_batch_norm
+from . import _nccl_order as nccl_order, _nccl_reductions as nccl_reductions, _nccl_shapes as nccl_shapes
+from . import _sync_batch_norm
 from ._group_exit import NcclGroupExit
 from .rewriter import BOUND_DEVICE, BOUND_DEVICES, BOUND_INDICES, DEVICE, DEVICE_TYPE, \
     Argument, Rewrite, rewrite, rewritten
@@ -224,8 +225,12 @@ def _register_library(activation, dist, name, create, devices) -> None:
 
 
 def _nccl_semantics(c10d, nccl_groups) -> list:
-    """(name, make) for each collective that needs NCCL's tensor shapes or its issue order
-    kept on the library NCCL became: one wrapper per name, the shapes outermost."""
+    """(name, make) for each collective that needs NCCL's tensor shapes, its integer
+    averages or its issue order kept on the library NCCL became: one wrapper per name, the
+    shapes outermost."""
+    def made_for_nccl(group) -> bool:
+        return nccl_groups.knows(c10d._get_default_group() if group is None else group)
+
     def completes_out_of_order(group) -> bool:
         library = c10d._world.pg_map.get(group, (None,))[0]
         return nccl_groups.knows(group) and library is not None and any(
@@ -234,11 +239,13 @@ def _nccl_semantics(c10d, nccl_groups) -> list:
 
     ordered = nccl_order.in_issue_order(nccl_order.IssueOrder(c10d, completes_out_of_order))
     names = nccl_order.collectives(c10d)
-    names += [name for name in nccl_shapes.WRAPPERS if hasattr(c10d, name) and name not in names]
+    averaged = nccl_reductions.wrappers(c10d, made_for_nccl)
+    names += [name for name in (*nccl_shapes.WRAPPERS, *averaged) if hasattr(c10d, name) and name not in names]
 
     def make(name):
-        shaped = nccl_shapes.WRAPPERS.get(name, lambda original: original)
-        return lambda original: shaped(ordered(original))
+        unchanged = lambda original: original  # noqa: E731
+        shaped, averaging = nccl_shapes.WRAPPERS.get(name, unchanged), averaged.get(name, unchanged)
+        return lambda original: shaped(averaging(ordered(original)))
     return [(name, make(name)) for name in names]
 
 
