@@ -8,7 +8,9 @@ literally defeats them. So, by default (``amp_dtype="auto"``):
 
 - an autocast region asked for a dtype the target computes slowly runs in one it computes
   fast: float16 becomes bfloat16 where bfloat16 is fast, else the region runs in float32
-  (autocast off); a bfloat16 request never becomes float16, whose range is narrower;
+  (autocast off; the matmul family computes the float16 and bfloat16 tensors the program
+  made there in float32, where autocast would have cast them); a bfloat16 request never
+  becomes float16, whose range is narrower;
 - tensors the program made float16 stay float16, and the matmul family computes them in
   float32 and rounds once (``patches/precision.py``);
 - the TF32 flags turn on the target's reduced-precision float32 matmul where it has one
@@ -20,9 +22,16 @@ literally defeats them. So, by default (``amp_dtype="auto"``):
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import Dict, List, Optional
 
 import torch
+
+
+class Float32Regions(threading.local):
+    """How deep this thread is in CUDA autocast regions that run in float32 (autocast off):
+    the amp group counts them, the precision group computes mixed dtypes there in float32."""
+    depth = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +41,8 @@ class PrecisionPolicy:
     device_type: str
     fast: Dict[torch.dtype, bool]        # which reduced-precision dtypes the target computes fast
     how_known: str
+    float32_regions: Float32Regions = dataclasses.field(default_factory=Float32Regions, compare=False,
+                                                        repr=False)
 
     @classmethod
     def of(cls, backend, settings) -> "PrecisionPolicy":

@@ -200,6 +200,51 @@ def test_other_dtypes_go_straight_to_torch(speeds):
         F.linear(x, w.float())
 
 
+def test_a_region_run_in_float32_computes_the_dtypes_autocast_would_have_cast(speeds):
+    """Fabric's "bf16-mixed" hands bfloat16 batches to float32 weights inside the CUDA region,
+    which autocast reconciles. Where the policy runs the region in float32, the matmul family
+    computes them in float32 (and gives float32, the region's dtype); outside, after the
+    region, and in another thread, torch's own refusal stands."""
+    import threading
+    x, w, m3 = _half_inputs()
+    speeds(SLOW_BOTH)
+    for inputs in [(x.to(BF16), w.float(), m3.float()), (x.float(), w, m3.to(BF16))]:
+        wanted = dict(_family(*(t.float() for t in inputs)))
+        for name, call in _family(*inputs):
+            try:
+                outside, refused = call(), False
+            except RuntimeError:
+                outside, refused = None, True
+            with torch.autocast("cuda", dtype=BF16):
+                inside = call()
+            if refused:                              # mixed: computed in float32
+                assert inside.dtype == torch.float32 and torch.allclose(inside, wanted[name]()), name
+            else:                                    # one dtype: torch's, as outside
+                assert torch.equal(inside, outside), name
+        with pytest.raises(RuntimeError):
+            F.linear(*inputs[:2])
+    refused = []
+
+    def elsewhere():
+        try:
+            F.linear(x.to(BF16), w.float())
+        except RuntimeError as error:
+            refused.append(error)
+    with torch.autocast("cuda", dtype=torch.float16):
+        with torch.autocast("cuda", dtype=BF16):            # nested regions, left in order
+            F.linear(x.to(BF16), w.float())
+        thread = threading.Thread(target=elsewhere)
+        thread.start()
+        thread.join()
+        assert F.linear(x.to(BF16), w.float()).dtype == torch.float32
+    assert len(refused) == 1
+    with pytest.raises(ValueError):
+        with torch.autocast("cuda", dtype=BF16):
+            raise ValueError("left by an exception")
+    with pytest.raises(RuntimeError):
+        F.linear(x.to(BF16), w.float())
+
+
 def test_a_half_model_trains_and_infers_with_its_dtype_kept(speeds):
     speeds(SLOW_BOTH)
     torch.manual_seed(0)

@@ -56,6 +56,7 @@ def install(activation):
                     _say_once(backend, report, asked, dtype, policy)
                 if dtype is None:                  # float32: the region runs without autocast
                     dtype, enabled = asked, False
+                    self._cudashim_in_float32 = True
                 if dtype not in supported:
                     if enabled:        # a region the policy turned off runs in float32: nothing to say
                         warn_once(f"autocast-{dtype}",
@@ -66,6 +67,31 @@ def install(activation):
         return functools.wraps(original)(__init__)
 
     activation.replace(torch.amp.autocast_mode.autocast, "__init__", make_autocast_init)
+    _count_float32_regions(activation, policy.float32_regions)
+
+
+def _count_float32_regions(activation, regions):
+    """Entering and leaving a CUDA region that runs in float32 is counted per thread: inside
+    one, the matmul family reconciles the reduced dtypes autocast would have cast."""
+    autocast = torch.amp.autocast_mode.autocast
+
+    def make_enter(original):
+        def __enter__(self):
+            entered = original(self)
+            if self.__dict__.get("_cudashim_in_float32"):
+                regions.depth += 1
+            return entered
+        return functools.wraps(original)(__enter__)
+
+    def make_exit(original):
+        def __exit__(self, *exception):
+            if self.__dict__.get("_cudashim_in_float32"):
+                regions.depth -= 1
+            return original(self, *exception)
+        return functools.wraps(original)(__exit__)
+
+    activation.replace(autocast, "__enter__", make_enter)
+    activation.replace(autocast, "__exit__", make_exit)
 
 
 _said = set()

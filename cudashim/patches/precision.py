@@ -6,7 +6,10 @@ scaled_dot_product_attention, and the Tensor methods and ``@``) computes float16
 float32 and rounds the result to float16 once, as CUDA's tensor cores accumulate. Tensors
 keep their dtype. A call whose first tensor is not float16 goes straight to torch after one
 dtype check; a call with float16 inputs mixed with other dtypes is torch's to judge; inside
-an autocast region autocast decides. Parameters no gradient flows to (inference, and the
+an autocast region autocast decides. Inside a CUDA autocast region the policy runs in
+float32 (autocast off), mixed dtypes that torch refuses are computed in float32, as
+autocast would have cast them: Fabric's "bf16-mixed" hands bfloat16 batches to float32
+weights there. Parameters no gradient flows to (inference, and the
 forward of autograd Functions such as Megatron's tensor-parallel layers) are widened once
 per version and storage and kept, so ``model.half()`` generation does not convert every
 weight on every token; once an optimizer steps, only frozen parameters are kept.
@@ -59,7 +62,7 @@ def install(activation):
             api = f"{getattr(owner, '__name__', owner)}.{name}"
             activation.replace(owner, name, functools.partial(
                 _computed_in_float32, api, first, activation.backend.device_type, cache,
-                activation.report))
+                activation.report, policy.float32_regions))
     if policy.float32_matmul_precision is not None:
         _map_tf32(activation, policy.float32_matmul_precision)
 
@@ -132,10 +135,22 @@ def _quarter_of_memory() -> int:
         return 4 * 2 ** 30
 
 
-def _computed_in_float32(api, first, device_type, cache, report, original):
+def _computed_in_float32(api, first, device_type, cache, report, regions, original):
+    def reconciled(args, kwargs):
+        """In a CUDA region run in float32: float16 and bfloat16 operands in float32, as
+        autocast would have cast them to its dtype; elsewhere torch's judgement stands."""
+        if not regions.depth or torch.is_autocast_enabled(device_type):
+            return original(*args, **kwargs)
+        if report is not None:
+            report.count(api, "mixed dtypes computed in float32 (autocast region in float32)")
+        return original(*[_float32(value, cache) for value in args],
+                        **{name: _float32(value, cache) for name, value in kwargs.items()})
+
     def widened(args, kwargs):
-        if torch.is_autocast_enabled(device_type) or not _all_half(args, kwargs):
-            return original(*args, **kwargs)           # autocast's call, or torch's to judge
+        if torch.is_autocast_enabled(device_type):
+            return original(*args, **kwargs)           # autocast's call
+        if not _all_half(args, kwargs):
+            return reconciled(args, kwargs)
         if report is not None:
             report.count(api, "float16 computed in float32")
         wide_args = [_wide(value, cache) for value in args]
@@ -146,11 +161,17 @@ def _computed_in_float32(api, first, device_type, cache, report, original):
         @functools.wraps(original)
         def computed_in_float32(*args, **kwargs):
             try:
-                if args[0].dtype is not HALF:
-                    return original(*args, **kwargs)
+                half = args[0].dtype is HALF
             except (IndexError, AttributeError):      # keywords only, or not a tensor
+                half = False
+            if half:
+                return widened(args, kwargs)
+            try:
                 return original(*args, **kwargs)
-            return widened(args, kwargs)
+            except RuntimeError:                      # mixed dtypes: torch refused them
+                if not regions.depth:
+                    raise
+            return reconciled(args, kwargs)
         return computed_in_float32
 
     @functools.wraps(original)
@@ -158,9 +179,14 @@ def _computed_in_float32(api, first, device_type, cache, report, original):
         leading = args[first] if len(args) > first else None
         if leading.__class__ in (list, tuple) and leading:
             leading = leading[0]
-        if getattr(leading, "dtype", None) is not HALF:
+        if getattr(leading, "dtype", None) is HALF:
+            return widened(args, kwargs)
+        try:
             return original(*args, **kwargs)
-        return widened(args, kwargs)
+        except RuntimeError:
+            if not regions.depth:
+                raise
+        return reconciled(args, kwargs)
     return operands_in_float32
 
 
@@ -175,6 +201,17 @@ def _floating(values):
 
 def _all_half(args, kwargs) -> bool:
     return all(t.dtype is HALF for t in _floating((*args, *kwargs.values())))
+
+
+def _float32(value, cache):
+    """``value`` with its float16 and bfloat16 tensors in float32 (parameters through the cache)."""
+    if isinstance(value, torch.Tensor):
+        if value.dtype is HALF:
+            return cache.widen(value)
+        return value.float() if value.dtype is torch.bfloat16 else value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_float32(item, cache) for item in value)
+    return value
 
 
 def _wide(value, cache):
