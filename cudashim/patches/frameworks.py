@@ -1,4 +1,7 @@
-"""DeepSpeed runs on its own accelerator for the target; the program keeps its CUDA words.
+"""Frameworks with an accelerator layer of their own run on the target, the program keeping
+its CUDA words: DeepSpeed on its own accelerator for the target, Lightning on its CUDA one.
+
+Lightning's part is ``_lightning.py``. The rest of this module is DeepSpeed's.
 
 DeepSpeed chooses its device layer (``deepspeed.accelerator``) from ``DS_ACCELERATOR``, or,
 where that is unset, from what ``torch.cuda`` answers, which under cudashim is the program's
@@ -35,6 +38,7 @@ import wrapt
 
 from ..errors import CudashimWarning
 from . import _deepspeed_onebit as onebit
+from . import _lightning as lightning
 
 SELECTOR = "DS_ACCELERATOR"
 ACCELERATORS = "deepspeed.accelerator.real_accelerator"
@@ -44,6 +48,7 @@ SHARED_MEMORY = Path("/dev/shm")
 
 
 def install(activation):
+    lightning.install(activation)
     wanted = activation.backend.deepspeed_accelerator
     if wanted is None:
         return                               # CUDA itself, or a target DeepSpeed has no layer for

@@ -1,0 +1,46 @@
+"""Lightning's CUDA accelerator works on the target: it holds CUDA devices, as on a GPU machine.
+
+Lightning (Trainer and Fabric, in the ``lightning`` package and the standalone
+``pytorch_lightning`` and ``lightning_fabric``) asks its ``CUDAAccelerator`` for the devices
+it trains on, builds them with ``torch.device("cuda", i)``, and then checks
+``device.type == "cuda"`` (``setup_device`` raises "Device should be CUDA, got cpu", and DDP's
+communication hooks, the NCCL backend and FLOP counts are chosen by that type). Under
+cudashim a device built that way is already the target's, so every such check fails.
+
+The accelerator's devices are kept as what Lightning's own code means: real CUDA devices.
+Everything Lightning then does with them goes through the surface cudashim translates
+(``.to(device)``, factories, ``torch.cuda.set_device``, ``torch.autocast(device.type)``,
+DDP's ``device_ids``, ``torch.load(map_location=)``), so the model, batches and
+checkpoints are on the target, while Lightning, its callbacks and the program's
+``self.device`` see the CUDA device a GPU machine would give them. Lightning's CPU
+accelerator would be the other choice; it refuses ``precision="16-mixed"`` and changes the
+defaults GPU programs were tuned with, which is not what a program written for GPUs expects.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Where Lightning defines its CUDA accelerator, in the unified package and the standalone ones.
+CUDA_ACCELERATORS = (
+    "lightning.fabric.accelerators.cuda",
+    "lightning.pytorch.accelerators.cuda",
+    "lightning_fabric.accelerators.cuda",
+    "pytorch_lightning.accelerators.cuda",
+)
+
+
+def install(activation):
+    real_device = torch._C.device           # torch.device before cudashim's proxy: not translated
+
+    def cuda_devices(devices):
+        """The accelerator's devices for these indices, as Lightning builds them on a GPU machine."""
+        return [real_device("cuda", index) for index in devices]
+
+    def keep_cuda_devices(module):
+        accelerator = getattr(module, "CUDAAccelerator", None)
+        if accelerator is not None:
+            activation.registry.set_attr(accelerator, "get_parallel_devices", staticmethod(cuda_devices))
+
+    for module_name in CUDA_ACCELERATORS:
+        activation.when_imported(module_name, keep_cuda_devices)

@@ -1,0 +1,83 @@
+"""Real Lightning programs written for GPUs, run unmodified under ``python -m cudashim``.
+
+Lightning is not in the suite's environment; tox's ``frameworks`` environment installs a
+pinned release and runs this file. The program is ``tests/programs/lightning_train.py``: a
+Trainer (fit, checkpoint, resume, test) or a Fabric loop (setup, save, load).
+"""
+
+import json
+
+import pytest
+
+from conftest import ROOT, python
+
+pytest.importorskip("lightning")
+
+PROGRAM = str(ROOT / "tests" / "programs" / "lightning_train.py")
+
+
+def _run(tmp_path, *options, shim=("-m", "cudashim"), env=()):
+    out = tmp_path / "out.json"
+    result = python(*shim, PROGRAM, *options, "--checkpoint", str(tmp_path / "checkpoints"),
+                    "--out", str(out), env={"CUDASHIM_DEVICE_COUNT": "2", **dict(env)}, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+def _check(seen, world_size):
+    # Lightning's CUDA accelerator ran, holding CUDA devices; the tensors are on the target
+    assert seen["accelerator"] == "CUDAAccelerator" and seen["world_size"] == world_size
+    assert seen["root_device"] == f"cuda:{0}"
+    assert seen["parameter"] == ["cpu", True]
+    assert all(loss == loss and loss < 10 for loss in seen["losses"])       # finite, trained
+    # resumed from the checkpoint, the same steps give the same losses
+    assert seen["resumed"] == seen["continued"] and len(seen["continued"]) > 0
+
+
+@pytest.mark.parametrize("loop", ["trainer", "fabric"])
+def test_one_gpu_equals_lightnings_cpu_accelerator(tmp_path, loop):
+    """accelerator="gpu" under the shim and accelerator="cpu" without it train bit for bit alike."""
+    (tmp_path / "shim").mkdir()
+    (tmp_path / "native").mkdir()
+    shimmed = _run(tmp_path / "shim", "--loop", loop, "--accelerator", "gpu" if loop == "trainer" else "cuda")
+    _check(shimmed, world_size=1)
+    native = _run(tmp_path / "native", "--loop", loop, "--accelerator", "cpu", shim=())
+    assert native["accelerator"] == "CPUAccelerator"
+    assert shimmed["losses"] == native["losses"] and shimmed["resumed"] == native["resumed"]
+    if loop == "trainer":
+        # the batches Lightning moved for training_step are on the target and answer is_cuda
+        assert shimmed["step"] == {"device": "cpu", "batch_is_cuda": True}
+        assert shimmed["test_loss"] == native["test_loss"]
+
+
+@pytest.mark.parametrize("loop, precision", [("trainer", "16-mixed"), ("fabric", "bf16-mixed")])
+def test_ddp_on_two_gpus(tmp_path, loop, precision):
+    """Two ranks launched by Lightning itself (it runs the script again for rank 1), DDP over
+    the program's NCCL, mixed precision as GPU programs ask for it."""
+    seen = _run(tmp_path, "--loop", loop, "--accelerator", "gpu", "--devices", "2", "--strategy", "ddp",
+                "--precision", precision)
+    _check(seen, world_size=2)
+    assert seen["strategy"] == "DDPStrategy" and seen["backend"] == "nccl"
+    # CUDA's AMP, as on a GPU machine; the target's precision policy decides what it computes in
+    assert seen["precision"] == ["MixedPrecision", "cuda"]
+
+
+
+def test_the_accelerators_hold_cuda_devices_while_active_and_get_their_own_back():
+    """Lightning imported before activation: both CUDA accelerators hold real CUDA devices
+    (which every tensor API translates) while cudashim is active, and their own method after."""
+    import torch
+    import cudashim
+    from lightning.fabric.accelerators.cuda import CUDAAccelerator as FabricCUDA
+    from lightning.pytorch.accelerators.cuda import CUDAAccelerator
+    originals = {cls: vars(cls)["get_parallel_devices"] for cls in (FabricCUDA, CUDAAccelerator)}
+    cudashim.activate("cpu", device_count=2)
+    try:
+        for cls in originals:
+            assert cls.get_parallel_devices([0, 1]) == [torch._C.device("cuda", 0), torch._C.device("cuda", 1)]
+            assert torch.device("cuda", 1).type == "cpu"        # what Lightning's own code would get
+        assert torch.zeros(1, device=CUDAAccelerator.get_parallel_devices([1])[0]).is_cuda
+    finally:
+        cudashim.deactivate()
+    for cls, original in originals.items():
+        assert vars(cls)["get_parallel_devices"] is original
