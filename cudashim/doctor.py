@@ -174,6 +174,8 @@ def doctor(settings) -> int:
                 out("precision:\n" + "".join(f"  {line}\n" for line in precision.describe()))
             stand_ins = [decided_line(line, sys.meta_path) for line in stand_ins]
             out("CUDA-only libraries (--substitute):\n" + "".join(f"  {line}\n" for line in stand_ins))
+            out("frameworks with a device layer of their own:\n" + "".join(
+                f"  {line}\n" for line in framework_lines(backend)))
             out(f"hot wrappers: {speedups.describe(settings)}; host kernels: "
                 f"{native.unavailable() or 'compiled (cudashim.kernels._native)'}\n")
             out(f"{speedups.fast_path(settings)}\n")
@@ -206,6 +208,19 @@ def substitute_lines(settings, device_type: str):
         else:
             state = "not installed: the stand-in serves"
         yield f"{name:10s} {state}"
+
+
+def framework_lines(backend):
+    """What a GPU program's call into each framework gets on this backend (installed or not)."""
+    from .patches import frameworks
+
+    for framework, module in (("Lightning", "lightning"), ("Accelerate", "accelerate"), ("DeepSpeed", "deepspeed")):
+        installed = "installed" if module_found(module) else "not installed"
+        if not backend.redirects:
+            yield f"{framework:10s} {installed}: native CUDA"
+            continue
+        runs, what = frameworks.what_it_gets(framework, None, backend.device_type, backend.deepspeed_accelerator)
+        yield f"{framework:10s} {installed}: {what}" + ("" if runs else " (needs a change)")
 
 
 def build_line(cuda_version: str, backend) -> str:

@@ -243,3 +243,55 @@ def test_nccl_variables_a_job_sets_are_read_from_the_runtimes_table(tmp_path, mo
     assert found[3].what.startswith("NCCL_IB_DISABLE: no effect on gloo")
     npu = {f.line: f for f in _scan(["job.py"], backend="npu", cwd=tmp_path, monkeypatch=monkeypatch).findings}
     assert npu[2].what.endswith("; becomes HCCL_SOCKET_IFNAME for hccl, unless that is set")
+
+
+def test_scan_says_what_each_frameworks_device_layer_gets(tmp_path, monkeypatch):
+    """Lightning and Accelerate keep their CUDA paths, DeepSpeed takes its accelerator for the
+    target; a Trainer told to use the CPU chooses nothing CUDA, and DeepSpeed on a target it
+    has no accelerator for needs a change."""
+    (tmp_path / "train.py").write_text(textwrap.dedent('''\
+        import deepspeed
+        import lightning as L
+        from accelerate import Accelerator
+        from lightning.pytorch import Trainer
+        trainer = L.Trainer(accelerator="gpu", devices=2, precision="16-mixed")
+        fabric = L.Fabric(accelerator="cuda")
+        cpu_trainer = Trainer(accelerator="cpu")
+        auto_trainer = Trainer(devices=1)
+        accelerator = Accelerator(mixed_precision="fp16")
+        engine, *_ = deepspeed.initialize(model=None, config={})
+        '''))
+
+    def findings(backend):
+        """{line: the framework finding on it}: the line's other findings (the "cuda" string
+        that becomes the target's device) are the device rules'."""
+        result = _scan(["train.py"], backend=backend, cwd=tmp_path, monkeypatch=monkeypatch)
+        return {f.line: (f.kind, f.what) for f in result.findings
+                if f.what.startswith(("Lightning", "Accelerate", "DeepSpeed", "native"))}
+
+    cpu = findings("cpu")
+    assert 7 not in cpu
+    assert cpu[5] == ("handled", "Lightning's CUDA accelerator (accelerator='gpu'): it holds CUDA devices, "
+                                 "and what it moves to them is placed on the cpu device")
+    assert cpu[6][1].startswith("Lightning's CUDA accelerator (accelerator='cuda')")
+    assert cpu[8][1].startswith("Lightning's CUDA accelerator (accelerator='auto')")
+    assert cpu[9][1].startswith("Accelerate's CUDA path")
+    assert cpu[10] == ("handled", "DeepSpeed's own 'cpu' accelerator (DS_ACCELERATOR), with its ops and "
+                                  "collectives for the target")
+    assert findings("npu")[9] == ("handled", "Accelerate's own npu path, which it checks before CUDA")
+    assert findings("accelerator")[10][0] == "needs a change"
+    assert findings("cuda")[5] == ("handled", "native CUDA")
+
+
+def test_doctor_says_the_same_of_each_framework():
+    import types
+    from cudashim.doctor import framework_lines
+    cpu = types.SimpleNamespace(redirects=True, device_type="cpu", deepspeed_accelerator="cpu")
+    lines = {line.split()[0]: line for line in framework_lines(cpu)}
+    assert set(lines) == {"Lightning", "Accelerate", "DeepSpeed"}
+    assert "DeepSpeed's own 'cpu' accelerator (DS_ACCELERATOR)" in lines["DeepSpeed"]
+    vulkan = types.SimpleNamespace(redirects=True, device_type="vulkan", deepspeed_accelerator=None)
+    assert next(framework_lines(vulkan)).startswith("Lightning")
+    assert list(framework_lines(vulkan))[2].endswith("(needs a change)")
+    cuda = types.SimpleNamespace(redirects=False, device_type="cuda", deepspeed_accelerator=None)
+    assert all(line.endswith(": native CUDA") for line in framework_lines(cuda))

@@ -27,7 +27,7 @@ from typing import List, Optional, Tuple
 GROUPS: Tuple[str, ...] = (
     "torchscript",     # first: its builtin table follows every replacement the others make
     "environment",     # visible-devices variables, before any vendor runtime starts
-    "frameworks",      # DeepSpeed on its own accelerator for the target, Lightning on its CUDA one
+    "frameworks",      # DeepSpeed on its accelerator for the target; Lightning, Accelerate on CUDA
     "version_gates",   # torch.version.cuda, torch.backends.cuda.is_built(): by who asks
     "device_objects",  # torch.device, Generator, set_default_device, get_device_module
     "factories",       # torch.zeros(..., device="cuda") and every other constructor

@@ -1,7 +1,9 @@
 """Frameworks with an accelerator layer of their own run on the target, the program keeping
-its CUDA words: DeepSpeed on its own accelerator for the target, Lightning on its CUDA one.
+its CUDA words: DeepSpeed on its own accelerator for the target, Lightning and Accelerate on
+their CUDA paths.
 
-Lightning's part is ``_lightning.py``. The rest of this module is DeepSpeed's.
+Lightning's part is ``_lightning.py``, Accelerate's ``_accelerate.py``. The rest of this module
+is DeepSpeed's.
 
 DeepSpeed chooses its device layer (``deepspeed.accelerator``) from ``DS_ACCELERATOR``, or,
 where that is unset, from what ``torch.cuda`` answers, which under cudashim is the program's
@@ -33,12 +35,12 @@ import os
 import sys
 import warnings
 from pathlib import Path
+from typing import Optional, Tuple
 
 import wrapt
 
 from ..errors import CudashimWarning
-from . import _deepspeed_onebit as onebit
-from . import _lightning as lightning
+from . import _accelerate as accelerate, _deepspeed_onebit as onebit, _lightning as lightning
 
 SELECTOR = "DS_ACCELERATOR"
 ACCELERATORS = "deepspeed.accelerator.real_accelerator"
@@ -47,8 +49,43 @@ TORCH_BACKEND = "deepspeed.comm.torch"
 SHARED_MEMORY = Path("/dev/shm")
 
 
+# The calls through which a program hands a framework its device choice, by qualified name
+# (``scan`` reports what each gets on a target).
+ENTRY_POINTS = {
+    **{f"{package}.Trainer": "Lightning" for package in ("lightning", "lightning.pytorch", "pytorch_lightning")},
+    **{f"{package}.Fabric": "Lightning" for package in ("lightning", "lightning.fabric", "lightning_fabric")},
+    "accelerate.Accelerator": "Accelerate",
+    "accelerate.notebook_launcher": "Accelerate",
+    "deepspeed.initialize": "DeepSpeed",
+}
+# Lightning's accelerator names that reach its CUDA accelerator on a GPU machine.
+LIGHTNING_CUDA_NAMES = frozenset({"gpu", "cuda", "auto"})
+
+
+def what_it_gets(framework: str, accelerator: Optional[str], device_type: str,
+                 deepspeed_accelerator: Optional[str]) -> Optional[Tuple[bool, str]]:
+    """(runs, what happens) for a program's call into ``framework`` on a target whose device
+    is ``device_type``; None where the call does not choose CUDA (``accelerator="cpu"``)."""
+    if framework == "Lightning":
+        if accelerator is not None and accelerator not in LIGHTNING_CUDA_NAMES:
+            return None
+        return True, (f"Lightning's CUDA accelerator (accelerator={accelerator or 'auto'!r}): it holds "
+                      f"CUDA devices, and what it moves to them is placed on the {device_type} device")
+    if framework == "Accelerate":
+        if device_type in accelerate.OWN_LAYERS:
+            return True, f"Accelerate's own {device_type} path, which it checks before CUDA"
+        return True, (f"Accelerate's CUDA path: the device it chooses stays a CUDA device, placed on the "
+                      f"{device_type} device, and fp16 is CUDA's AMP as the precision policy runs it")
+    if deepspeed_accelerator is None:
+        return False, (f"DeepSpeed has no accelerator for the {device_type} device: its CUDA accelerator "
+                       f"builds its ops with nvcc")
+    return True, (f"DeepSpeed's own {deepspeed_accelerator!r} accelerator ({SELECTOR}), with its ops and "
+                  f"collectives for the target")
+
+
 def install(activation):
     lightning.install(activation)
+    accelerate.install(activation)
     wanted = activation.backend.deepspeed_accelerator
     if wanted is None:
         return                               # CUDA itself, or a target DeepSpeed has no layer for

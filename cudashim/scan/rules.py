@@ -28,7 +28,7 @@ import re
 from typing import Callable, Dict, List, Optional, Tuple
 
 from .. import substitutes
-from ..patches import _nccl_environment as nccl_environment, extensions
+from ..patches import _nccl_environment as nccl_environment, extensions, frameworks
 from . import libraries
 from .findings import CANNOT_RUN, HANDLED, NEEDS_CHANGE, Finding
 from .target import Target
@@ -295,6 +295,12 @@ class FileScanner(ast.NodeVisitor):
             self._extension(node, builder)
         elif qualified.startswith("ctypes") and self._loaded_library(node):
             return                                          # its argument is this finding
+        elif qualified in frameworks.ENTRY_POINTS:
+            accelerator = next((_literal(k.value) for k in node.keywords if k.arg == "accelerator"), None)
+            verdict = self.target.framework_call(frameworks.ENTRY_POINTS[qualified],
+                                                 accelerator if isinstance(accelerator, str) else None)
+            if verdict is not None:
+                self._add(node, verdict)
         elif isinstance(func, ast.Attribute) and func.attr == "cuda" and not qualified:
             self._add(func, (HANDLED, f".cuda() moves to the {self.target.device_type} device"
                                       if self.target.redirects else "native CUDA", None))

@@ -31,6 +31,7 @@ class Target:
     redirects: bool
     kernel_languages: Tuple[str, ...]
     how_chosen: str
+    deepspeed_accelerator: Optional[str] = None
 
     @classmethod
     def named(cls, name: str = backends.AUTO) -> "Target":
@@ -45,7 +46,7 @@ class Target:
             device_type = accelerator_type() or device_type
         return cls(backend_cls.name, device_type, backend_cls.default_collective,
                    backend_cls.visible_devices_var, backend_cls.redirects,
-                   backend_cls.kernel_languages, how)
+                   backend_cls.kernel_languages, how, backend_cls.deepspeed_accelerator)
 
     # --- torch.cuda, through the proxy's own classification ---------------------------
     def cuda_name(self, qualname: str) -> Verdict:
@@ -121,6 +122,18 @@ class Target:
         from ..patches import _nccl_environment as nccl_environment
         libraries = nccl_environment.libraries_of(self.collective)
         return HANDLED, f"{name}: {nccl_environment.describe(name, libraries)}", None
+
+    def framework_call(self, framework: str, accelerator: Optional[str]) -> Optional[Verdict]:
+        """What a call into a framework's device layer (``frameworks.ENTRY_POINTS``) gets."""
+        if not self.redirects:
+            return HANDLED, "native CUDA", None
+        from ..patches import frameworks
+        got = frameworks.what_it_gets(framework, accelerator, self.device_type, self.deepspeed_accelerator)
+        if got is None:
+            return None
+        runs, what = got
+        return (HANDLED, what, None) if runs else \
+            (NEEDS_CHANGE, what, f"set {frameworks.SELECTOR} to an accelerator DeepSpeed has")
 
     def runs(self, language: str) -> bool:
         """Whether kernels written in ``language`` ("cuda", "triton") run on the target."""
