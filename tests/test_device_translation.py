@@ -68,3 +68,25 @@ def test_virtual_devices_all_map_to_the_cpu():
         assert torch.cuda.current_device() == 0
     assert torch.cuda.current_device() == 1
     cudashim.deactivate()
+
+
+def test_a_device_sent_to_another_process_arrives_as_it_was():
+    """multiprocessing's pickler (mp.spawn's arguments, queues) carries a device untranslated:
+    a CUDA device a framework holds stays CUDA; torch.save's pickles stay plain torch."""
+    import io
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+    import torch
+    import cudashim
+    cuda = torch.device("cuda", 1)
+    cudashim.activate("cpu", device_count=2)
+    try:
+        assert pickle.loads(ForkingPickler.dumps(cuda)) == torch._C.device("cuda", 1)
+        assert pickle.loads(ForkingPickler.dumps(torch.device("cuda"))).type == "cpu"
+        assert pickle.loads(pickle.dumps(cuda)).type == "cpu"       # plain pickle: torch.device, translated
+        buffer = io.BytesIO()
+        torch.save({"device": cuda}, buffer)
+        assert b"cudashim" not in buffer.getvalue()
+    finally:
+        cudashim.deactivate()
+    assert torch._C.device not in ForkingPickler._extra_reducers

@@ -63,6 +63,21 @@ def test_ddp_on_two_gpus(tmp_path, loop, precision):
 
 
 
+def test_ddp_spawn_ranks_train_their_own_copies_as_lightnings_cpu_accelerator_does(tmp_path):
+    """ddp_spawn sends the model through mp.spawn, in shared memory: each rank must train its
+    own copy (on a GPU its .to() makes one), and the weights it returns equal a native run's."""
+    (tmp_path / "shim").mkdir()
+    (tmp_path / "native").mkdir()
+    options = ("--devices", "2", "--strategy", "ddp_spawn", "--once")
+    shimmed = _run(tmp_path / "shim", *options)
+    native = _run(tmp_path / "native", *options, "--accelerator", "cpu", shim=())
+    assert shimmed["accelerator"] == "CUDAAccelerator" and shimmed["root_device"] == "cuda:0"
+    assert shimmed["world_size"] == 2 and shimmed["trained"]
+    # the weights the ranks returned test as a native run's: two ranks sharing one set of
+    # weights (each stepping it) would not
+    assert shimmed["test_loss"] == native["test_loss"]
+
+
 def test_the_accelerators_hold_cuda_devices_while_active_and_get_their_own_back():
     """Lightning imported before activation: both CUDA accelerators hold real CUDA devices
     (which every tensor API translates) while cudashim is active, and their own method after."""

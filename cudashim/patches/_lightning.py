@@ -15,9 +15,18 @@ checkpoints are on the target, while Lightning, its callbacks and the program's
 ``self.device`` see the CUDA device a GPU machine would give them. Lightning's CPU
 accelerator would be the other choice; it refuses ``precision="16-mixed"`` and changes the
 defaults GPU programs were tuned with, which is not what a program written for GPUs expects.
+
+``ddp_spawn`` sends the model to its ranks through ``mp.spawn``, which puts host tensors in
+shared memory. On a GPU each rank's ``.to(cuda_device)`` makes its own copy; in host memory
+(the CPU backend) it would not, and the ranks would train one set of weights together. So
+there each rank unshares the modules it receives, as Lightning does for its CPU accelerator.
+The devices themselves cross processes as they are (``device_objects``).
 """
 
 from __future__ import annotations
+
+import functools
+import inspect
 
 import torch
 
@@ -27,6 +36,13 @@ CUDA_ACCELERATORS = (
     "lightning.pytorch.accelerators.cuda",
     "lightning_fabric.accelerators.cuda",
     "pytorch_lightning.accelerators.cuda",
+)
+# Where its spawning launchers run a rank's function, and the helper that unshares modules.
+LAUNCHERS = (
+    "lightning.fabric.strategies.launchers.multiprocessing",
+    "lightning.pytorch.strategies.launchers.multiprocessing",
+    "lightning_fabric.strategies.launchers.multiprocessing",
+    "pytorch_lightning.strategies.launchers.multiprocessing",
 )
 
 
@@ -44,3 +60,25 @@ def install(activation):
 
     for module_name in CUDA_ACCELERATORS:
         activation.when_imported(module_name, keep_cuda_devices)
+    if activation.backend.device_type == "cpu":        # devices in host memory: .to() copies nothing
+        for module_name in LAUNCHERS:
+            activation.when_imported(module_name, lambda module: _unshare_in_each_rank(activation, module))
+
+
+def _unshare_in_each_rank(activation, module):
+    """A spawned rank's modules get memory of their own before the rank's function runs."""
+    unshare = module._disable_module_memory_sharing
+    parameters = inspect.signature(module._MultiProcessingLauncher._wrapping_function).parameters
+    place = list(parameters).index("args") - 1                # without self
+
+    def make(original):
+        # A plain function, not a wrapt proxy: mp.spawn pickles the bound method by its name.
+        @functools.wraps(original)
+        def _wrapping_function(launcher, *args, **kwargs):
+            if launcher._start_method == "spawn":
+                args = list(args)
+                args[place], args[place + 1] = unshare((args[place], args[place + 1]))
+            return original(launcher, *args, **kwargs)
+        return _wrapping_function
+
+    activation.replace(module._MultiProcessingLauncher, "_wrapping_function", make)

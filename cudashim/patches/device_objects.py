@@ -60,6 +60,36 @@ def install(activation):
         return functools.wraps(original)(get_device_module)
 
     activation.replace(torch, "get_device_module", make_get_device_module)
+    _devices_cross_processes_as_they_are(activation, real_device)
+
+
+def _devices_cross_processes_as_they_are(activation, real_device):
+    """A device sent to another process (``mp.spawn``'s arguments, queues) arrives as the
+    device it was. torch pickles it as a call to ``torch.device``, which in a child under
+    cudashim would translate a CUDA device that a framework holds on purpose (Lightning's
+    ``ddp_spawn`` strategy) to the target's. Only multiprocessing's pickler is told: what
+    ``torch.save`` writes stays plain torch."""
+    from multiprocessing.reduction import ForkingPickler
+
+    reducers = ForkingPickler._extra_reducers
+    before = reducers.get(real_device)
+    ForkingPickler.register(real_device, _reduce_device)
+
+    def unregister():
+        if before is None:
+            reducers.pop(real_device, None)
+        else:
+            reducers[real_device] = before
+    activation.registry.add_undo("devices sent to other processes", unregister)
+
+
+def _reduce_device(device):
+    return device_as_sent, (device.type,) if device.index is None else (device.type, device.index)
+
+
+def device_as_sent(*args):
+    """The device another process sent, untranslated (``torch._C.device`` is torch's own)."""
+    return torch._C.device(*args)
 
 
 def _names_cuda(real_device, device) -> bool:

@@ -58,15 +58,22 @@ def train(args):
     L.seed_everything(0)
     data = DataLoader(dataset(0), batch_size=8)
     model = Regressor()
+    initial = [parameter.detach().clone() for parameter in model.parameters()]
     checkpoint = ModelCheckpoint(dirpath=args.checkpoint, save_last=True)
     first = trainer(args, args.checkpoint, max_epochs=1, callbacks=[checkpoint])
     first.fit(model, data)
+    if args.once:                           # fit, then test: no resume
+        tested = first.test(model, DataLoader(dataset(1), batch_size=8), verbose=False)
+        return {"accelerator": type(first.accelerator).__name__, "root_device": str(first.strategy.root_device),
+                "world_size": first.world_size, "test_loss": tested[0]["test_loss"], "rank": first.global_rank,
+                "trained": not all(torch.equal(a, b) for a, b in zip(initial, model.parameters()))}
+    last = os.path.join(args.checkpoint, "last.ckpt")      # ddp_spawn's ranks wrote it, not this process
     continued = Regressor()
     second = trainer(args, args.checkpoint, max_epochs=2)
-    second.fit(continued, data, ckpt_path=checkpoint.last_model_path)
+    second.fit(continued, data, ckpt_path=last)
     again = Regressor()
     third = trainer(args, args.checkpoint, max_epochs=2)
-    third.fit(again, data, ckpt_path=checkpoint.last_model_path)
+    third.fit(again, data, ckpt_path=last)
     tested = third.test(again, DataLoader(dataset(1), batch_size=8), verbose=False)
     parameter = next(again.parameters())
     strategy = third.strategy
@@ -76,6 +83,8 @@ def train(args):
             "backend": torch.distributed.get_backend() if torch.distributed.is_initialized() else None,
             "parameter": [str(parameter.device), parameter.is_cuda],
             "losses": model.losses, "continued": continued.losses, "resumed": again.losses,
+            "same_weights": all(torch.equal(a, b) for a, b in zip(continued.parameters(), again.parameters())),
+            "trained": not all(torch.equal(a, b) for a, b in zip(model.parameters(), again.parameters())),
             "step": model.seen, "test_loss": tested[0]["test_loss"], "rank": third.global_rank}
 
 
@@ -122,6 +131,7 @@ def main():
     parser.add_argument("--devices", default="1")
     parser.add_argument("--strategy", default="auto")
     parser.add_argument("--precision", default="32-true")
+    parser.add_argument("--once", action="store_true", help="the Trainer fits once, then tests")
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
