@@ -6,6 +6,8 @@ Trainer (fit, checkpoint, resume, test) or a Fabric loop (setup, save, load).
 """
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -96,3 +98,131 @@ def test_the_accelerators_hold_cuda_devices_while_active_and_get_their_own_back(
         cudashim.deactivate()
     for cls, original in originals.items():
         assert vars(cls)["get_parallel_devices"] is original
+
+
+FABRIC_SCRIPT = '''
+import torch
+import lightning as L
+
+fabric = L.Fabric()                 # fabric run passes the accelerator, devices and strategy
+model = torch.nn.Linear(4, 1)
+model, optimizer = fabric.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+fabric.backward(model(torch.ones(8, 4, device=fabric.device)).pow(2).mean())
+optimizer.step()
+print(f"rank {fabric.global_rank}/{fabric.world_size}: {type(fabric.accelerator).__name__} {fabric.device} "
+      f"{type(fabric.strategy).__name__}", flush=True)
+'''
+
+
+def test_fabric_run_launches_two_cuda_ranks(tmp_path):
+    """``fabric run --accelerator cuda --devices 2 script.py``: Lightning's own launcher."""
+    script = tmp_path / "script.py"
+    script.write_text(FABRIC_SCRIPT)
+    fabric = Path(sys.executable).parent / "fabric"             # the console script users type
+    result = python("-m", "cudashim", str(fabric), "run", "--accelerator", "cuda", "--devices", "2", str(script),
+                    env={"CUDASHIM_DEVICE_COUNT": "2"}, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    for rank in (0, 1):
+        assert f"rank {rank}/2: CUDAAccelerator cuda:{rank} DDPStrategy" in result.stdout
+
+
+MONITORED = '''
+import sys
+import torch
+import lightning as L
+from lightning.pytorch.callbacks import DeviceStatsMonitor
+from lightning.pytorch.loggers import CSVLogger
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Model(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch[0]).pow(2).mean()
+
+    def predict_step(self, batch, batch_idx):
+        return self.layer(batch[0])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+if __name__ == "__main__":
+    data = DataLoader(TensorDataset(torch.randn(32, 4)), batch_size=8)
+    trainer = L.Trainer(accelerator="gpu", devices=-1, max_steps=2, logger=CSVLogger(sys.argv[1]),
+                        log_every_n_steps=1, callbacks=[DeviceStatsMonitor()], enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    model = Model()
+    trainer.fit(model, data)
+    predictions = trainer.predict(model, data)
+    if trainer.global_rank == 0:
+        print(f"devices {trainer.num_devices}, {len(predictions)} predictions", flush=True)
+'''
+
+
+def test_every_gpu_device_stats_and_predict(tmp_path):
+    """devices=-1 takes every CUDA device the program sees; DeviceStatsMonitor logs CUDA's
+    memory statistics; predict runs on the two ranks."""
+    script = tmp_path / "monitored.py"
+    script.write_text(MONITORED)
+    result = python("-m", "cudashim", str(script), str(tmp_path / "logs"), env={"CUDASHIM_DEVICE_COUNT": "2"},
+                    timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "devices 2, 2 predictions" in result.stdout
+    header = next((tmp_path / "logs").rglob("metrics.csv")).read_text().splitlines()[0]
+    assert "DeviceStatsMonitor.on_train_batch_end/allocated_bytes.all.current" in header
+
+
+def test_the_deepspeed_strategy_on_deepspeeds_accelerator_for_the_target(tmp_path):
+    """strategy="deepspeed": Lightning's CUDA accelerator around DeepSpeed's own CPU one,
+    fp16 with DeepSpeed's loss scaling, its checkpoints saved and resumed exactly."""
+    pytest.importorskip("deepspeed")
+    seen = _run(tmp_path, "--devices", "2", "--strategy", "deepspeed", "--precision", "16-mixed")
+    _check(seen, world_size=2)
+    assert seen["strategy"] == "DeepSpeedStrategy" and seen["same_weights"] and seen["trained"]
+
+
+CLI_SCRIPT = '''
+import torch
+import lightning as L
+from lightning.pytorch.cli import LightningCLI
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Model(L.LightningModule):
+    def __init__(self, width: int = 8):
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(4, width), torch.nn.Linear(width, 1))
+
+    def training_step(self, batch, batch_idx):
+        return self.body(batch[0]).pow(2).mean()
+
+    def train_dataloader(self):
+        return DataLoader(TensorDataset(torch.randn(32, 4)), batch_size=8)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def on_train_end(self):
+        print(f"rank {self.global_rank}: {type(self.trainer.accelerator).__name__} "
+              f"{self.trainer.strategy.root_device} {self.trainer.precision}", flush=True)
+
+
+if __name__ == "__main__":
+    LightningCLI(Model)
+'''
+
+
+def test_lightning_cli_with_the_gpu_accelerator(tmp_path):
+    pytest.importorskip("jsonargparse")
+    script = tmp_path / "cli.py"
+    script.write_text(CLI_SCRIPT)
+    result = python("-m", "cudashim", str(script), "fit", "--trainer.accelerator", "gpu", "--trainer.devices", "2",
+                    "--trainer.precision", "bf16-mixed", "--trainer.max_epochs", "1", "--trainer.logger", "false",
+                    "--trainer.enable_checkpointing", "false", env={"CUDASHIM_DEVICE_COUNT": "2"}, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    for rank in (0, 1):
+        assert f"rank {rank}: CUDAAccelerator cuda:{rank} bf16-mixed" in result.stdout

@@ -173,3 +173,12 @@ def test_integer_averages_are_nccls_on_gloo(tmp_path):
             assert seen["reduce_to_rank_1"] == [9]
         assert seen["float"] == [1.5]
         assert "can't be cast to the desired output type Long" in seen["own_gloo_group"]
+
+
+def test_fsdp_full_state_dicts_offloaded_to_the_cpu_are_whole(tmp_path):
+    """FSDP offloads with .cpu(), which copies a CUDA tensor and returns a host tensor itself;
+    on the host it then freed what the state dict pointed into. The offloaded full state
+    dict (Lightning's strategy="fsdp" checkpoints) is whole and equals the module's weights."""
+    result = torchrun("tests/programs/fsdp_state_dict.py", str(tmp_path / "state.json"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((tmp_path / "state.json").read_text()) == {"names": True, "equal": True}

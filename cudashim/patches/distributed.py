@@ -179,6 +179,8 @@ def install(activation):
         activation.replace(torch.nn.SyncBatchNorm, "forward", _sync_batch_norm.forward_on_the_host)
         activation.replace(torch.nn.parallel.DistributedDataParallel, "_passing_sync_batchnorm_handle",
                            _sync_batch_norm.ddp_accepts_it_on_the_host)
+        activation.when_imported(FSDP_MODULE, lambda module: activation.replace(
+            module.FullyShardedDataParallel, "set_state_dict_type", _state_dicts_without_offload))
 
     if spellings is not None:
         def make_get_backend(original):
@@ -247,6 +249,28 @@ def _nccl_semantics(c10d, nccl_groups) -> list:
         shaped, averaging = nccl_shapes.WRAPPERS.get(name, unchanged), averaged.get(name, unchanged)
         return lambda original: shaped(averaging(ordered(original)))
     return [(name, make(name)) for name in names]
+
+
+FSDP_MODULE = "torch.distributed.fsdp.fully_sharded_data_parallel"
+
+
+def _state_dicts_without_offload(original):
+    """FSDP's state dicts ``offload_to_cpu`` where CUDA's devices are the host. FSDP offloads
+    with ``.cpu()``, which copies a CUDA tensor but returns a host tensor itself; FSDP then
+    frees the unsharded parameters it gathered, and the state dict's entries point into freed
+    memory (a segmentation fault in Lightning's ``strategy="fsdp"``, which offloads). Without
+    the offload FSDP clones each entry, which is the copy the offload stood for."""
+    import dataclasses
+
+    def without_offload(config):
+        return dataclasses.replace(config, offload_to_cpu=False) \
+            if getattr(config, "offload_to_cpu", False) else config
+
+    @functools.wraps(original)
+    def set_state_dict_type(module, state_dict_type, state_dict_config=None, optim_state_dict_config=None):
+        return original(module, state_dict_type, without_offload(state_dict_config),
+                        without_offload(optim_state_dict_config))
+    return staticmethod(set_state_dict_type)
 
 
 def _splitting_anywhere(original, c10d, new_group):
