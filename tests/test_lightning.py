@@ -19,11 +19,16 @@ PROGRAM = str(ROOT / "tests" / "programs" / "lightning_train.py")
 
 
 def _run(tmp_path, *options, shim=("-m", "cudashim"), env=()):
+    return _run_and_print(tmp_path, *options, shim=shim, env=env)[0]
+
+
+def _run_and_print(tmp_path, *options, shim=("-m", "cudashim"), env=()):
+    """What rank 0 saw, and what the run printed."""
     out = tmp_path / "out.json"
     result = python(*shim, PROGRAM, *options, "--checkpoint", str(tmp_path / "checkpoints"),
                     "--out", str(out), env={"CUDASHIM_DEVICE_COUNT": "2", **dict(env)}, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
-    return json.loads(out.read_text())
+    return json.loads(out.read_text()), result.stdout + result.stderr
 
 
 def _check(seen, world_size):
@@ -65,6 +70,20 @@ def test_ddp_on_two_gpus(tmp_path, loop, precision):
     # CUDA's AMP, as on a GPU machine; the target's precision policy decides what it computes in
     assert seen["precision"] == ["MixedPrecision", "cuda"]
 
+
+def test_fsdp_on_two_gpus_shards_resumes_and_tests(tmp_path):
+    """strategy="fsdp" in 16-mixed: FSDP over the program's NCCL, each rank holding a shard,
+    resumed exactly from Lightning's checkpoint and tested from it. Lightning's advice to set a
+    float32 matmul precision appears only where that setting changes what the target computes."""
+    from cudashim.backends import cpu_speed
+    from cudashim.precision import PrecisionPolicy
+
+    seen, printed = _run_and_print(tmp_path, "--devices", "2", "--strategy", "fsdp", "--precision", "16-mixed")
+    _check(seen, world_size=2)
+    assert seen["strategy"] == "FSDPStrategy" and seen["backend"] == "nccl"
+    assert seen["same_weights"] and seen["trained"] and seen["test_loss"] < 10
+    reduced_matmul = PrecisionPolicy("auto", "auto", "cpu", *cpu_speed.speeds()).float32_matmul_precision
+    assert ("has Tensor Cores" in printed) == (reduced_matmul is not None)
 
 
 def test_ddp_spawn_ranks_train_their_own_copies_as_lightnings_cpu_accelerator_does(tmp_path):

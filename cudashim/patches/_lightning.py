@@ -21,6 +21,9 @@ shared memory. On a GPU each rank's ``.to(cuda_device)`` makes its own copy; in 
 (the CPU backend) it would not, and the ranks would train one set of weights together. So
 there each rank unshares the modules it receives, as Lightning does for its CPU accelerator.
 The devices themselves cross processes as they are (``device_objects``).
+
+Lightning's advice to set a float32 matmul precision is printed only where that setting
+changes what the target computes.
 """
 
 from __future__ import annotations
@@ -57,12 +60,28 @@ def install(activation):
         accelerator = getattr(module, "CUDAAccelerator", None)
         if accelerator is not None:
             activation.registry.set_attr(accelerator, "get_parallel_devices", staticmethod(cuda_devices))
+        if hasattr(module, "_check_cuda_matmul_precision"):     # each module binds its own name
+            activation.replace(module, "_check_cuda_matmul_precision",
+                               lambda original: _advice_where_it_applies(activation, original))
 
     for module_name in CUDA_ACCELERATORS:
         activation.when_imported(module_name, keep_cuda_devices)
     if activation.backend.device_type == "cpu":        # devices in host memory: .to() copies nothing
         for module_name in LAUNCHERS:
             activation.when_imported(module_name, lambda module: _unshare_in_each_rank(activation, module))
+
+
+def _advice_where_it_applies(activation, original):
+    """Lightning advises ``torch.set_float32_matmul_precision("high")`` on a GPU with tensor
+    cores (it reads the capability, which cudashim reports as an Ampere's). The advice holds on
+    the target only where that setting reaches a faster float32 matmul (the precision policy
+    maps it to oneDNN's bfloat16 where the CPU computes bfloat16 fast); elsewhere it is noise."""
+    @functools.wraps(original)
+    def _check_cuda_matmul_precision(device):
+        policy = activation.precision
+        if policy is not None and policy.float32_matmul_precision is not None:
+            original(device)
+    return _check_cuda_matmul_precision
 
 
 def _unshare_in_each_rank(activation, module):

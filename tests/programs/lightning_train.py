@@ -80,7 +80,12 @@ def train(args):
     again = Regressor()
     third = trainer(args, args.checkpoint, max_epochs=2)
     third.fit(again, data, ckpt_path=last)
-    tested = third.test(again, DataLoader(dataset(1), batch_size=8), verbose=False)
+    if args.strategy == "fsdp":             # FSDP shards the fitted module in place: a fresh one tests
+        third.save_checkpoint(os.path.join(args.checkpoint, "resumed.ckpt"))
+        tested = third.test(Regressor(), DataLoader(dataset(1), batch_size=8), verbose=False,
+                            ckpt_path=os.path.join(args.checkpoint, "resumed.ckpt"))
+    else:
+        tested = third.test(again, DataLoader(dataset(1), batch_size=8), verbose=False)
     parameter = next(again.parameters())
     strategy = third.strategy
     return {"accelerator": type(third.accelerator).__name__, "strategy": type(strategy).__name__,
