@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from conftest import python, torchrun
+from conftest import free_port, python, torchrun
 
 VULKAN = ("--device-extension", "torchvulkan")
 
@@ -86,6 +86,49 @@ def test_ddp_on_two_ranks_sharing_one_vulkan_device_trains_as_on_the_cpu(tmp_pat
     assert on_vulkan.keys() == on_cpu.keys()
     for key in on_cpu:
         torch.testing.assert_close(on_vulkan[key], on_cpu[key], rtol=1e-5, atol=1e-6)
+
+
+def test_the_hugging_face_trainer_trains_and_resumes_on_vulkan(tmp_path):
+    """transformers' Trainer under torchrun, two ranks on the device, CUDA's fp16 AMP: the run
+    resumed from its checkpoint repeats the uninterrupted run's losses."""
+    pytest.importorskip("transformers")
+    out = tmp_path / "out.json"
+    result = torchrun("tests/programs/hf_trainer.py", "--output-dir", str(tmp_path / "run"), "--out", str(out),
+                      "--ddp-find-unused-parameters", "false", shim_options=VULKAN, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    seen = json.loads(out.read_text())
+    assert seen["parameter"] == ["vulkan:0", True] and seen["wrapped"] == "DistributedDataParallel"
+    assert seen["device"] == "cuda:0" and seen["scaler"] == "GradScaler"
+    assert all(seen["resumed"][step] == seen["losses"][step] for step in ("4", "5", "6"))
+
+
+UNUSED_PARAMETERS = """
+import os, torch, torch.distributed as dist
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"])
+dist.init_process_group("nccl", rank=0, world_size=1)
+model = torch.nn.Linear(4, 1).cuda()
+for find_unused in (True, False):
+    try:
+        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0], find_unused_parameters=find_unused)
+        ddp(torch.ones(2, 4, device="cuda")).sum().backward()
+        print("trained", model.weight.grad.sum().item())
+    except RuntimeError as error:
+        print(type(error).__name__, error)
+dist.destroy_process_group()
+"""
+
+
+def test_ddp_tracking_unused_parameters_is_refused_where_the_device_pins_no_memory():
+    """torch's DDP reducer stages its record of used parameters in pinned host memory for a
+    PrivateUse1 device and asserts it got some; torchvulkan pins nothing. The program hears
+    why when it wraps the model (not torch's internal assert in backward), and the way out runs."""
+    result = python("-m", "cudashim", *VULKAN, "-c", UNUSED_PARAMETERS, env={"PORT": str(free_port())})
+    assert result.returncode == 0, result.stderr[-4000:]
+    refused, trained = result.stdout.strip().splitlines()[-2:]
+    assert refused.startswith("UnsupportedCudaAPI DistributedDataParallel(find_unused_parameters=True) is not "
+                              "supported by cudashim on the 'vulkan' backend: torch's DDP stages")
+    assert "find_unused_parameters=False runs" in refused
+    assert trained == "trained 8.0"
 
 
 def test_spawned_ranks_share_the_vulkan_device_when_asked_for_two(tmp_path):

@@ -14,7 +14,7 @@ import torch
 from ..backends import staged
 from ..callers import hears_truth
 from . import _nccl_order as nccl_order, _nccl_reductions as nccl_reductions, _nccl_shapes as nccl_shapes
-from . import _sync_batch_norm
+from . import _ddp_pinned, _sync_batch_norm
 from ._group_exit import NcclGroupExit
 from .rewriter import BOUND_DEVICE, BOUND_DEVICES, BOUND_INDICES, DEVICE, DEVICE_TYPE, \
     Argument, Rewrite, rewrite, rewritten
@@ -181,6 +181,8 @@ def install(activation):
                            _sync_batch_norm.ddp_accepts_it_on_the_host)
         activation.when_imported(FSDP_MODULE, lambda module: activation.replace(
             module.FullyShardedDataParallel, "set_state_dict_type", _state_dicts_without_offload))
+
+    _ddp_pinned.install(activation)
 
     if spellings is not None:
         def make_get_backend(original):
