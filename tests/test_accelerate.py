@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from conftest import ROOT, python
+from conftest import ROOT, python, torchrun
 
 pytest.importorskip("accelerate")
 
@@ -88,3 +88,24 @@ def test_the_state_gets_its_own_set_device_back():
     finally:
         cudashim.deactivate()
     assert vars(PartialState)["set_device"] is original
+
+
+TRAINER = str(ROOT / "tests" / "programs" / "hf_trainer.py")
+
+
+def test_the_hugging_face_trainer_on_two_ranks_resumes_exactly(tmp_path):
+    """transformers' Trainer decides its device through Accelerate's state: under torchrun
+    each rank trains a DDP-wrapped model on its CUDA device in CUDA's fp16 AMP, and training
+    resumed from a checkpoint repeats the uninterrupted run's losses."""
+    out = tmp_path / "out.json"
+    result = torchrun(TRAINER, "--output-dir", str(tmp_path / "run"), "--out", str(out), env=TWO_DEVICES)
+    assert result.returncode == 0, result.stderr[-4000:]
+    seen = json.loads(out.read_text())
+    assert seen["device"] == "cuda:0" and seen["n_gpu"] == 1 and seen["world_size"] == 2
+    assert seen["parallel_mode"] == "ParallelMode.DISTRIBUTED" and seen["backend"] == "nccl"
+    assert seen["wrapped"] == "DistributedDataParallel" and seen["scaler"] == "GradScaler"
+    assert seen["parameter"] == ["cpu", True]
+    losses, resumed = seen["losses"], seen["resumed"]
+    assert sorted(losses) == [str(step) for step in range(1, 7)] and all(loss < 10 for loss in losses.values())
+    # the resumed run logs steps 4 to 6 after the history it loaded from checkpoint-3
+    assert sorted(resumed) == sorted(losses) and all(resumed[step] == losses[step] for step in ("4", "5", "6"))
