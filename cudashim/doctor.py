@@ -214,12 +214,14 @@ def framework_lines(backend):
     """What a GPU program's call into each framework gets on this backend (installed or not)."""
     from .patches import frameworks
 
-    for framework, module in (("Lightning", "lightning"), ("Accelerate", "accelerate"), ("DeepSpeed", "deepspeed")):
+    for framework, module in (("Lightning", "lightning"), ("Accelerate", "accelerate"), ("DeepSpeed", "deepspeed"),
+                              ("Ray", "ray")):
         installed = "installed" if module_found(module) else "not installed"
         if not backend.redirects:
             yield f"{framework:10s} {installed}: native CUDA"
             continue
-        runs, what = frameworks.what_it_gets(framework, None, backend.device_type, backend.deepspeed_accelerator)
+        runs, what = frameworks.what_it_gets(framework, frameworks.GPU_CHOICES.get(framework), backend.device_type,
+                                             backend.deepspeed_accelerator)
         yield f"{framework:10s} {installed}: {what}" + ("" if runs else " (needs a change)")
 
 

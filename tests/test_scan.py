@@ -247,8 +247,9 @@ def test_nccl_variables_a_job_sets_are_read_from_the_runtimes_table(tmp_path, mo
 
 def test_scan_says_what_each_frameworks_device_layer_gets(tmp_path, monkeypatch):
     """Lightning and Accelerate keep their CUDA paths, DeepSpeed takes its accelerator for the
-    target; a Trainer told to use the CPU chooses nothing CUDA, and DeepSpeed on a target it
-    has no accelerator for needs a change."""
+    target, Ray counts CUDA devices for use_gpu; a Trainer told to use the CPU and Ray's
+    default choose nothing CUDA, and DeepSpeed on a target it has no accelerator for needs a
+    change."""
     (tmp_path / "train.py").write_text(textwrap.dedent('''\
         import deepspeed
         import lightning as L
@@ -260,6 +261,9 @@ def test_scan_says_what_each_frameworks_device_layer_gets(tmp_path, monkeypatch)
         auto_trainer = Trainer(devices=1)
         accelerator = Accelerator(mixed_precision="fp16")
         engine, *_ = deepspeed.initialize(model=None, config={})
+        from ray.train import ScalingConfig
+        gpus = ScalingConfig(num_workers=2, use_gpu=True)
+        cpus = ScalingConfig(num_workers=2)
         '''))
 
     def findings(backend):
@@ -267,7 +271,7 @@ def test_scan_says_what_each_frameworks_device_layer_gets(tmp_path, monkeypatch)
         that becomes the target's device) are the device rules'."""
         result = _scan(["train.py"], backend=backend, cwd=tmp_path, monkeypatch=monkeypatch)
         return {f.line: (f.kind, f.what) for f in result.findings
-                if f.what.startswith(("Lightning", "Accelerate", "DeepSpeed", "native"))}
+                if f.what.startswith(("Lightning", "Accelerate", "DeepSpeed", "Ray", "native"))}
 
     cpu = findings("cpu")
     assert 7 not in cpu
@@ -278,6 +282,9 @@ def test_scan_says_what_each_frameworks_device_layer_gets(tmp_path, monkeypatch)
     assert cpu[9][1].startswith("Accelerate's CUDA path")
     assert cpu[10] == ("handled", "DeepSpeed's own 'cpu' accelerator (DS_ACCELERATOR), with its ops and "
                                   "collectives for the target")
+    assert cpu[12] == ("handled", "Ray counts the CUDA devices the program sees, so use_gpu=True schedules its "
+                                  "workers on them; the workers it starts are under cudashim, on the cpu device")
+    assert 13 not in cpu                                # Ray's default: CPU workers
     assert findings("npu")[9] == ("handled", "Accelerate's own npu path, which it checks before CUDA")
     assert findings("accelerator")[10][0] == "needs a change"
     assert findings("cuda")[5] == ("handled", "native CUDA")
@@ -288,7 +295,8 @@ def test_doctor_says_the_same_of_each_framework():
     from cudashim.doctor import framework_lines
     cpu = types.SimpleNamespace(redirects=True, device_type="cpu", deepspeed_accelerator="cpu")
     lines = {line.split()[0]: line for line in framework_lines(cpu)}
-    assert set(lines) == {"Lightning", "Accelerate", "DeepSpeed"}
+    assert set(lines) == {"Lightning", "Accelerate", "DeepSpeed", "Ray"}
+    assert "use_gpu=True schedules its workers on them" in lines["Ray"]
     assert "DeepSpeed's own 'cpu' accelerator (DS_ACCELERATOR)" in lines["DeepSpeed"]
     vulkan = types.SimpleNamespace(redirects=True, device_type="vulkan", deepspeed_accelerator=None)
     assert next(framework_lines(vulkan)).startswith("Lightning")

@@ -2,8 +2,8 @@
 its CUDA words: DeepSpeed on its own accelerator for the target, Lightning and Accelerate on
 their CUDA paths.
 
-Lightning's part is ``_lightning.py``, Accelerate's ``_accelerate.py``. The rest of this module
-is DeepSpeed's.
+Lightning's part is ``_lightning.py``, Accelerate's ``_accelerate.py``, Ray's GPU count
+``_ray.py``. The rest of this module is DeepSpeed's.
 
 DeepSpeed chooses its device layer (``deepspeed.accelerator``) from ``DS_ACCELERATOR``, or,
 where that is unset, from what ``torch.cuda`` answers, which under cudashim is the program's
@@ -40,7 +40,7 @@ from typing import Optional, Tuple
 import wrapt
 
 from ..errors import CudashimWarning
-from . import _accelerate as accelerate, _deepspeed_onebit as onebit, _lightning as lightning
+from . import _accelerate as accelerate, _deepspeed_onebit as onebit, _lightning as lightning, _ray as ray
 
 SELECTOR = "DS_ACCELERATOR"
 ACCELERATORS = "deepspeed.accelerator.real_accelerator"
@@ -57,15 +57,27 @@ ENTRY_POINTS = {
     "accelerate.Accelerator": "Accelerate",
     "accelerate.notebook_launcher": "Accelerate",
     "deepspeed.initialize": "DeepSpeed",
+    **{f"{package}.ScalingConfig": "Ray" for package in ("ray.train", "ray.train.torch", "ray.air")},
 }
+# The keyword through which an entry point is told its device, and what a GPU program passes.
+DEVICE_KEYWORDS = {"Lightning": "accelerator", "Ray": "use_gpu"}
+GPU_CHOICES = {"Ray": True}
 # Lightning's accelerator names that reach its CUDA accelerator on a GPU machine.
 LIGHTNING_CUDA_NAMES = frozenset({"gpu", "cuda", "auto"})
 
 
-def what_it_gets(framework: str, accelerator: Optional[str], device_type: str,
+def what_it_gets(framework: str, accelerator, device_type: str,
                  deepspeed_accelerator: Optional[str]) -> Optional[Tuple[bool, str]]:
     """(runs, what happens) for a program's call into ``framework`` on a target whose device
-    is ``device_type``; None where the call does not choose CUDA (``accelerator="cpu"``)."""
+    is ``device_type``; ``accelerator`` is the value of its ``DEVICE_KEYWORDS`` keyword as
+    written (None where not). None where the call does not choose CUDA (``accelerator="cpu"``,
+    Ray without ``use_gpu=True``)."""
+    if framework == "Ray":
+        if accelerator is not True:                         # Ray's default is the CPU
+            return None
+        return True, (f"Ray counts the CUDA devices the program sees, so use_gpu=True schedules its "
+                      f"workers on them; the workers it starts are under cudashim, on the "
+                      f"{device_type} device")
     if framework == "Lightning":
         if accelerator is not None and accelerator not in LIGHTNING_CUDA_NAMES:
             return None
@@ -86,6 +98,7 @@ def what_it_gets(framework: str, accelerator: Optional[str], device_type: str,
 def install(activation):
     lightning.install(activation)
     accelerate.install(activation)
+    ray.install(activation)
     wanted = activation.backend.deepspeed_accelerator
     if wanted is None:
         return                               # CUDA itself, or a target DeepSpeed has no layer for

@@ -296,9 +296,10 @@ class FileScanner(ast.NodeVisitor):
         elif qualified.startswith("ctypes") and self._loaded_library(node):
             return                                          # its argument is this finding
         elif qualified in frameworks.ENTRY_POINTS:
-            accelerator = next((_literal(k.value) for k in node.keywords if k.arg == "accelerator"), None)
-            verdict = self.target.framework_call(frameworks.ENTRY_POINTS[qualified],
-                                                 accelerator if isinstance(accelerator, str) else None)
+            framework = frameworks.ENTRY_POINTS[qualified]
+            keyword = frameworks.DEVICE_KEYWORDS.get(framework)
+            choice = next((_literal(k.value) for k in node.keywords if k.arg == keyword), None) if keyword else None
+            verdict = self.target.framework_call(framework, choice if isinstance(choice, (str, bool)) else None)
             if verdict is not None:
                 self._add(node, verdict)
         elif isinstance(func, ast.Attribute) and func.attr == "cuda" and not qualified:

@@ -123,7 +123,7 @@ class Target:
         libraries = nccl_environment.libraries_of(self.collective)
         return HANDLED, f"{name}: {nccl_environment.describe(name, libraries)}", None
 
-    def framework_call(self, framework: str, accelerator: Optional[str]) -> Optional[Verdict]:
+    def framework_call(self, framework: str, accelerator) -> Optional[Verdict]:
         """What a call into a framework's device layer (``frameworks.ENTRY_POINTS``) gets."""
         if not self.redirects:
             return HANDLED, "native CUDA", None
