@@ -131,6 +131,15 @@ def test_ddp_tracking_unused_parameters_is_refused_where_the_device_pins_no_memo
     assert trained == "trained 8.0"
 
 
+def test_eager_init_with_a_cuda_device_id_and_a_mesh_from_the_group_on_vulkan():
+    """init_process_group("nccl", device_id=cuda_device) and DeviceMesh.from_group on the
+    collectives cudashim stages through host memory: its group connects no device eagerly,
+    and it has the name and per-device backends torch reads from a group."""
+    result = torchrun("tests/programs/eager_init.py", nproc=1, shim_options=VULKAN, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "rank 0: bound nccl, torchvulkan, True, torch.float16" in result.stdout
+
+
 def test_spawned_ranks_share_the_vulkan_device_when_asked_for_two(tmp_path):
     _run("--device-count", "2", "tests/programs/spawned_ranks.py", str(tmp_path / "spawned"))
     ranks = [json.loads((tmp_path / f"spawned.rank{rank}.json").read_text()) for rank in (0, 1)]

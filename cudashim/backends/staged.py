@@ -10,6 +10,10 @@ group serves every device, the host included.
 Work on device tensors finishes before the call returns (the copies back need gloo's result);
 the handle given back is complete, and its future holds the device tensors, as gloo's holds
 its own. Host tensors keep gloo's asynchronous work.
+
+The group's own methods run every collective; gloo is also registered in it as the backend of
+each device it serves, so that what torch reads from a group's backends (its name, which
+``DeviceMesh.from_group`` and the functional collectives use) is there.
 """
 
 from __future__ import annotations
@@ -56,6 +60,10 @@ def _group_class():
         def __init__(self, store, rank: int, size: int, timeout):
             super().__init__(rank, size)
             self._host = ProcessGroupGloo(store, rank, size, timeout)
+            # torch keeps a group's name, and answers which backend serves a device, through
+            # the backends registered in it: gloo's, for every device this library serves.
+            for device_type in dist.Backend.backend_capability.get(NAME, ["cpu"]):
+                self._register_backend(torch.device(device_type), dist.ProcessGroup.BackendType.GLOO, self._host)
 
         def getBackendName(self) -> str:
             return NAME

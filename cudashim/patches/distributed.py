@@ -16,7 +16,7 @@ from ..callers import hears_truth
 from . import _nccl_order as nccl_order, _nccl_reductions as nccl_reductions, _nccl_shapes as nccl_shapes
 from . import _ddp_pinned, _sync_batch_norm
 from ._group_exit import NcclGroupExit
-from .rewriter import BOUND_DEVICE, BOUND_DEVICES, BOUND_INDICES, DEVICE, DEVICE_TYPE, \
+from .rewriter import BOUND_DEVICE, BOUND_DEVICES, BOUND_INDICES, DEVICE, DEVICE_TYPE, EAGER_DEVICE, \
     Argument, Rewrite, rewrite, rewritten
 
 REWRITES = (
@@ -41,9 +41,10 @@ REWRITES = (
         "torch.distributed.pipelining.stage:build_stage",
         "torch.distributed.pipelining._IR:Pipe.build_stage")),
 )
-# Eager init binds a device: the target's, or none on the CPU. install() patches these two
-# calls, and translates their device_id with these declarations.
-BOUND_DEVICE_IDS = {name: rewrite(f"torch.distributed.distributed_c10d:{name}", BOUND_DEVICE,
+# Eager init binds a device: the target's, or none on the CPU and where collectives are staged
+# through host memory. install() patches these two calls, and translates their device_id with
+# these declarations.
+BOUND_DEVICE_IDS = {name: rewrite(f"torch.distributed.distributed_c10d:{name}", EAGER_DEVICE,
                                   parameter="device_id", api=f"{name}(device_id)")
                     for name in ("init_process_group", "new_group")}
 TRANSLATES = tuple((d.target, "device_id") for d in BOUND_DEVICE_IDS.values())

@@ -49,6 +49,16 @@ def _bound_device(activation, api):
     return bound_or_dropped
 
 
+def _eager_device(activation, api):
+    """The device a process group connects to eagerly (``init_process_group(device_id=)``):
+    as a bound device, but none where collectives are staged through host memory, whose one
+    Python process group has no backend per device to connect."""
+    from ..backends import staged
+    if activation.backend.collective == staged.NAME:
+        return lambda device: None
+    return _bound_device(activation, api)
+
+
 def _bound_devices(activation, api):
     translate = activation.translator.for_api(api)
     if activation.backend.device_type == "cpu":
@@ -133,6 +143,7 @@ DEVICE = Kind("device", lambda activation, api: activation.translator.for_api(ap
               positional_classes=frozenset({str, int, _REAL_DEVICE}))
 DEVICE_TYPE = Kind("device type", lambda activation, api: activation.translator.type_for(api))
 BOUND_DEVICE = Kind("bound device", _bound_device)
+EAGER_DEVICE = Kind("eagerly connected device", _eager_device)
 BOUND_DEVICES = Kind("bound devices", _bound_devices)
 BOUND_INDICES = Kind("bound device indices", _bound_indices)
 MAP_LOCATION = Kind("map_location", _map_location)
