@@ -88,13 +88,14 @@ def test_ddp_on_two_gpus_sharing_one_vulkan_device(tmp_path):
 
 
 def test_fsdp_on_two_gpus_shards_resumes_and_tests(tmp_path):
-    """strategy="fsdp" in 16-mixed: FSDP over the program's NCCL, each rank holding a shard,
-    resumed exactly from Lightning's checkpoint and tested from it. Lightning's advice to set a
-    float32 matmul precision appears only where that setting changes what the target computes."""
+    """strategy="fsdp" in 16-mixed on devices "0,1" (Lightning's list of GPU indices): FSDP
+    over the program's NCCL, each rank holding a shard, resumed exactly from Lightning's
+    checkpoint and tested from it. Lightning's advice to set a float32 matmul precision
+    appears only where that setting changes what the target computes."""
     from cudashim.backends import cpu_speed
     from cudashim.precision import PrecisionPolicy
 
-    seen, printed = _run_and_print(tmp_path, "--devices", "2", "--strategy", "fsdp", "--precision", "16-mixed")
+    seen, printed = _run_and_print(tmp_path, "--devices", "0,1", "--strategy", "fsdp", "--precision", "16-mixed")
     _check(seen, world_size=2)
     assert seen["strategy"] == "FSDPStrategy" and seen["backend"] == "nccl"
     assert seen["same_weights"] and seen["trained"] and seen["test_loss"] < 10
