@@ -179,6 +179,10 @@ OPTIONS: Tuple[Option, ...] = (
            metavar="MODULE[,MODULE]", format=_format_sequence,
            help="import these device extensions before the target is chosen: a vendor's torch "
                 "extension that torch does not load itself (torchvulkan, say)"),
+    Option("test_devices", "CUDASHIM_TEST_DEVICES", 0, _parse_count, metavar="N",
+           help="build (once, cached) and load cudashim's test accelerator with N devices whose "
+                "memory the host cannot touch: try a CUDA program on a device of its own on a "
+                "machine without one (needs a C++ compiler and ninja; 0, the default: off)"),
     Option("collective", "CUDASHIM_COLLECTIVE", None, _parse_collective, metavar="LIBRARY",
            help="the torch.distributed backend NCCL becomes (default: the backend's own)"),
     Option("report", "CUDASHIM_REPORT", False, _parse_bool, format=_format_bool,

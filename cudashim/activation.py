@@ -216,7 +216,7 @@ def _install(settings) -> Activation:
     from .report import Report, check_writable
     from .translation import DeviceTranslator
 
-    backends.import_extensions(settings.device_extension)
+    backends.load_devices(settings)
     backend_cls, reason = backends.resolve(settings.backend)
     backend = backend_cls(settings)
     registry = PatchRegistry()

@@ -55,7 +55,7 @@ def kernel_gaps(settings) -> int:
     from .kernels.gap_fill import compute_dtype
     from .patches import kernel_gaps as gaps_group
 
-    backends.import_extensions(settings.device_extension)
+    backends.load_devices(settings)
     backend_cls, _ = backends.resolve(settings.backend)
     device_type = backend_cls.accelerator_type() if backend_cls.name == backends.GENERIC \
         else backend_cls.device_type
@@ -135,10 +135,13 @@ def doctor(settings) -> int:
     out(f"python {platform.python_version()} on {platform.platform()}\n")
     out(f"torch {torch.__version__} (built with CUDA: {torch.version.cuda or 'no'})\n")
     try:
-        backends.import_extensions(settings.device_extension)
+        backends.load_devices(settings)
     except BackendUnavailableError as exc:
-        out(f"device extensions: {exc}\n")
+        out(f"devices asked for: {exc}\n")
     else:
+        if settings.test_devices:
+            out(f"test accelerator: {settings.test_devices} device(s) of type 'shimdev' loaded, "
+                "collectives 'shimccl'\n")
         if settings.device_extension:
             out(f"device extensions: {', '.join(settings.device_extension)} imported\n")
     out("backends:\n")

@@ -55,6 +55,7 @@ def test_python_m_build_makes_an_sdist_and_a_wheel_with_the_compiled_parts(tmp_p
     assert any(n.endswith("cudashim/kernels/_native.c") for n in names)
     wheel, = (tmp_path / "dist").glob("cudashim-*.whl")
     assert len(_compiled_parts(wheel)) == 2, _compiled_parts(wheel)
+    assert "cudashim/testdevice/device.cpp" in zipfile.ZipFile(wheel).namelist()   # built where used
     metadata = zipfile.ZipFile(wheel).read(f"cudashim-{PYPROJECT['project']['version']}.dist-info/METADATA")
     assert b"License-Expression: Apache-2.0" in metadata
 

@@ -109,6 +109,15 @@ def _absent_reason(name: str):
     return reason
 
 
+def load_devices(settings) -> None:
+    """Load the devices the settings ask for before the target is chosen: cudashim's test
+    accelerator (``--test-devices``), then the device extensions they name."""
+    if settings.test_devices:
+        from .. import testdevice
+        testdevice.load(settings.test_devices)
+    import_extensions(settings.device_extension)
+
+
 def import_extensions(modules) -> None:
     """Import the device extensions the settings name, so that the devices they register are
     there to detect; one that cannot be imported stops activation with one line."""

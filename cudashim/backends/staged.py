@@ -48,8 +48,10 @@ _PAIRWISE = {"all_gather_single_coalesced": "all_gather_single",
 
 
 @functools.lru_cache(maxsize=None)
-def _group_class():
-    """Made on first use: torch builds without ``torch.distributed`` have no ProcessGroup."""
+def _group_class(library: str = NAME):
+    """Made on first use: torch builds without ``torch.distributed`` have no ProcessGroup.
+    ``library`` is its name: cudashim's test accelerator registers the same staging under
+    a name of its own."""
     import torch.distributed as dist
     from torch._C._distributed_c10d import ProcessGroupGloo, _create_work_from_future
 
@@ -62,11 +64,11 @@ def _group_class():
             self._host = ProcessGroupGloo(store, rank, size, timeout)
             # torch keeps a group's name, and answers which backend serves a device, through
             # the backends registered in it: gloo's, for every device this library serves.
-            for device_type in dist.Backend.backend_capability.get(NAME, ["cpu"]):
+            for device_type in dist.Backend.backend_capability.get(library, ["cpu"]):
                 self._register_backend(torch.device(device_type), dist.ProcessGroup.BackendType.GLOO, self._host)
 
         def getBackendName(self) -> str:
-            return NAME
+            return library
 
         def _collective(self, name, *args, **options):
             method, written = _COLLECTIVES[name]
@@ -129,6 +131,12 @@ def _contains(value, tensor) -> bool:
     return False
 
 
-def create(store, rank, size, timeout):
-    """torch.distributed's constructor for the library (``Backend.register_backend``)."""
-    return _group_class()(store, rank, size, timeout)
+def creator(library: str = NAME):
+    """torch.distributed's constructor for the library (``Backend.register_backend``), under
+    the name ``library``."""
+    def create(store, rank, size, timeout):
+        return _group_class(library)(store, rank, size, timeout)
+    return create
+
+
+create = creator()
