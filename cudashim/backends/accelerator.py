@@ -57,6 +57,9 @@ class AcceleratorBackend(Backend):
     def __init__(self, settings):
         self.device_type = self.accelerator_type()
         super().__init__(settings)
+        # What the vendor's module has before cudashim gives it torch.cuda's other names
+        # (the device_module group): those additions answer through this backend.
+        self._vendor_names = frozenset(dir(self.module))
         self._current = host.CurrentStream()        # used where the device has no streams
         self._default_host_stream = None
         self._real_count = self._either("device_count")
@@ -80,7 +83,7 @@ class AcceleratorBackend(Backend):
 
     def _vendor(self, name):
         """The device module's ``name``, or None when the vendor does not provide it."""
-        return getattr(self.module, name, None)
+        return getattr(self.module, name, None) if name in self._vendor_names else None
 
     def describe(self) -> str:
         return f"{self.name} '{self.device_type}' " + super().describe().split(" ", 1)[1]
