@@ -39,13 +39,14 @@ from typing import Optional, Tuple
 
 import wrapt
 
-from ..errors import CudashimWarning
+from ..errors import CudashimWarning, UnsupportedCudaAPI
 from . import _accelerate as accelerate, _deepspeed_onebit as onebit, _lightning as lightning, _ray as ray
 
 SELECTOR = "DS_ACCELERATOR"
 ACCELERATORS = "deepspeed.accelerator.real_accelerator"
 CPU_ACCELERATOR, _ = onebit.accelerator_class("cpu")
 TORCH_BACKEND = "deepspeed.comm.torch"
+OP_BUILDERS = "deepspeed.ops.op_builder.builder"
 SHARED_MEMORY = Path("/dev/shm")
 
 
@@ -100,8 +101,9 @@ def install(activation):
     accelerate.install(activation)
     ray.install(activation)
     wanted = activation.backend.deepspeed_accelerator
-    if wanted is None:
-        return                               # CUDA itself, or a target DeepSpeed has no layer for
+    if wanted is None:                       # a target DeepSpeed has no layer for
+        _refuse_cuda_ops(activation)
+        return
     if SELECTOR not in os.environ:
         activation.registry.set_item(os.environ, SELECTOR, wanted)
 
@@ -133,6 +135,24 @@ def install(activation):
         activation.when_imported(TORCH_BACKEND, lambda module: activation.replace(
             module.TorchBackend, "__init__",
             lambda original: wrapt.FunctionWrapper(original, _unlink_buffer_at_exit)))
+
+
+def _refuse_cuda_ops(activation) -> None:
+    """Where DeepSpeed has no accelerator for the target it runs its CUDA one, whose op
+    builders ask nvcc for a CUDA device and fail deep inside (an IndexError on the empty list
+    of compute capabilities): the program hears which op and what to do instead."""
+    backend = activation.backend
+
+    def refuse(load, builder, args, kwargs):
+        raise UnsupportedCudaAPI(
+            f"DeepSpeed's CUDA op {getattr(builder, 'name', type(builder).__name__)!r}", backend.name,
+            f"DeepSpeed has no accelerator for the {backend.device_type!r} device, so it runs its "
+            "CUDA accelerator, whose ops build with nvcc for a CUDA device; choose the config's "
+            "PyTorch implementation where it has one (\"torch_adam\": true in the optimizer's "
+            "params), or run on a target DeepSpeed has an accelerator for (cpu, xpu, npu, hpu, mps)")
+
+    activation.when_imported(OP_BUILDERS, lambda module: activation.replace(
+        module.CUDAOpBuilder, "load", lambda original: wrapt.FunctionWrapper(original, refuse)))
 
 
 def _unlink_buffer_at_exit(init, backend, args, kwargs):
