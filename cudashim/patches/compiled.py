@@ -8,15 +8,26 @@ Dynamo cannot look inside the compiled wrappers (``cudashim._speedups``): where 
 it is shown each one's Python twin instead (its ``python_twin``, which behaves the same),
 and traces through that as it traces the pure-Python wrappers.
 
+Inductor generates code for the devices torch knows and those a vendor registered a code
+generator for. On a target with none (torchvulkan, cudashim's test accelerator, a vendor
+without an inductor backend) it fails deep inside (``KeyError: 'shimdev'``); there a graph on
+the target's tensors is compiled by AOTAutograd's eager backend instead (captured as inductor
+would capture it, each op on the target's own kernels), and the program is told once.
+
 Dynamo is imported lazily (it costs a second), so the patches wait for that import when it
 has not happened.
 """
+
+import wrapt
+
+from ..errors import warn_once
 
 
 from ..callers import is_torch_module
 
 DYNAMO_TENSORS = "torch._dynamo.variables.tensor"
 DYNAMO_BUILDER = "torch._dynamo.variables.builder"
+INDUCTOR = "torch._inductor.compile_fx"
 # A private dynamo method (and VariableTracker.build, new in torch 2.6) is patched here.
 SUPPORTED_TORCH = ("2.6", None)
 
@@ -24,6 +35,8 @@ SUPPORTED_TORCH = ("2.6", None)
 def install(activation):
     if activation.compiled is not None:
         _trace_python_twins(activation)
+    if activation.backend.device_type != "cpu":
+        _eager_where_inductor_has_no_code_generator(activation)
     if activation.settings.is_honest("is_cuda"):
         return
     device_type = activation.backend.device_type
@@ -74,3 +87,26 @@ def _trace_python_twins(activation):
         activation.registry.set_attr(VariableBuilder, "_wrap", _wrap)
 
     activation.when_imported(DYNAMO_BUILDER, patch)
+
+
+def _eager_where_inductor_has_no_code_generator(activation):
+    device_type = activation.backend.device_type
+
+    def compile_fx(compile, _, args, kwargs):
+        import torch
+        from torch._inductor.codegen.common import get_scheduling_for_device, init_backend_registration
+        init_backend_registration()
+        graph, inputs = (list(args) + [kwargs.get("model_"), kwargs.get("example_inputs_")])[:2]
+        on_target = any(isinstance(value, torch.Tensor) and value.device.type == device_type
+                        for value in inputs or ())
+        if not on_target or get_scheduling_for_device(device_type) is not None:
+            return compile(*args, **kwargs)
+        warn_once("inductor-" + device_type,
+                  f"torch.compile: inductor has no code generator for the '{device_type}' device; "
+                  f"its graphs compile with AOTAutograd's eager backend (backend='aot_eager'): "
+                  f"captured as inductor captures them, each op on the device's own kernels")
+        from torch._dynamo.backends.debugging import aot_eager
+        return aot_eager(graph, inputs)
+
+    activation.when_imported(INDUCTOR, lambda module: activation.replace(
+        module, "compile_fx", lambda original: wrapt.FunctionWrapper(original, compile_fx)))
