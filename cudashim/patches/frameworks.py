@@ -90,8 +90,9 @@ def what_it_gets(framework: str, accelerator, device_type: str,
         return True, (f"Accelerate's CUDA path: the device it chooses stays a CUDA device, placed on the "
                       f"{device_type} device, and fp16 is CUDA's AMP as the precision policy runs it")
     if deepspeed_accelerator is None:
-        return False, (f"DeepSpeed has no accelerator for the {device_type} device: its CUDA accelerator "
-                       f"builds its ops with nvcc")
+        return False, (f"DeepSpeed has no accelerator for the {device_type} device: it runs its CUDA "
+                       f"accelerator, whose ops (built with nvcc) are refused; the config's PyTorch "
+                       f"implementations (\"torch_adam\": true) run")
     return True, (f"DeepSpeed's own {deepspeed_accelerator!r} accelerator ({SELECTOR}), with its ops and "
                   f"collectives for the target")
 
