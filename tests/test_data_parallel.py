@@ -1,8 +1,8 @@
 """One process, several devices: nn.DataParallel, nn.parallel, torch.cuda.comm and
 hand-placed model parallelism, on the CPU's virtual devices (``--device-count 2``).
 
-The same programs run on torchvulkan in test_vulkan.py, where a tensor left in host memory
-or on the wrong device fails.
+The same programs run on torchvulkan and on cudashim's test accelerator in
+test_device_targets.py, where a tensor left in host memory or on the wrong device fails.
 """
 
 import json

@@ -1,105 +1,158 @@
-"""torchvulkan: a real PrivateUse1 accelerator nobody here wrote, as a cudashim target.
+"""CUDA programs on targets with device memory of their own, compared with the CPU backend.
 
-torchvulkan (PyPI) runs on Mesa's software Vulkan driver ("llvmpipe"). Its tensors live in
-device memory (``.numpy()`` is refused, ``.cpu()`` copies), so a copy cudashim forgot, a
-wrong device or a host-only path fails here where the CPU backend hides it. It has no
-collective library, streams or events of its own: cudashim supplies them. The programs run
-under ``python -m cudashim --device-extension torchvulkan`` and are compared with the same
-programs on the CPU backend.
+On the CPU backend every tensor already sits in host memory, so a copy cudashim forgot, a
+wrong device or a host-only path cannot fail. Here they do, on two targets:
+
+- **torchvulkan** (PyPI), a real PrivateUse1 accelerator nobody here wrote, over Mesa's software
+  Vulkan driver ("llvmpipe"): one device, no collective library, streams or events of its own
+  (cudashim supplies them); ``.numpy()`` is refused and ``.cpu()`` copies.
+- **shimdev**, cudashim's test accelerator (``--test-devices 2``): two devices whose memory the
+  host cannot read or write outside the device's kernels (a missed copy is a SIGSEGV), a
+  generator, streams and events per device, and a collective library of its own (``shimccl``).
+
+Each test runs its program once on the CPU backend and then on every target that runs here;
+a target that cannot (no Vulkan driver, no compiler) is named in a warning, and a test with no
+target left skips. The programs whose class is device memory alone (the stand-ins, generation,
+QLoRA, the Trainer) run on the test accelerator only: on llvmpipe each costs half a minute, and
+torchvulkan's part in them (its missing streams, events and collectives) is proven by the others.
 """
 
 import json
-import subprocess
-import sys
+from typing import Optional
 
 import pytest
 
 from conftest import free_port, python, torchrun
+from targets import SHIMDEV, TARGETS, VULKAN, Target, targets
 
-VULKAN = ("--device-extension", "torchvulkan")
-
-
-def _why_vulkan_cannot_run():
-    """None where torchvulkan computes here. Asked in a fresh interpreter: importing it in the
-    test process would rename torch's PrivateUse1 device for every test that follows."""
-    probe = "import torch, torchvulkan; print(torch.ones(2, device='vulkan').sum().item())"
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
-    if result.returncode == 0 and result.stdout.strip() == "2.0":
-        return None
-    last = (result.stderr.strip().splitlines() or ["no output"])[-1]
-    return (f"torchvulkan cannot run here ({last}): pip install torchvulkan==0.2.1, and the Vulkan "
-            "loader and Mesa's driver (apt install libvulkan1 mesa-vulkan-drivers)")
+for _target in TARGETS:         # probed once per worker, before the tests fork
+    _target.why_not
+MEMORY_ONLY = dict(where=lambda target: target is SHIMDEV)     # see the module's docstring
 
 
-WHY_NOT = _why_vulkan_cannot_run()
-pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT))
-
-
-def _run(*args, vulkan=True, timeout=600):
-    result = python("-m", "cudashim", *(VULKAN if vulkan else ()), *args, timeout=timeout)
-    assert result.returncode == 0, result.stderr[-4000:]
+def _run(*args, target: Optional[Target] = None, timeout=600):
+    """``python -m cudashim`` on ``target``, or on the CPU backend (None)."""
+    result = python("-m", "cudashim", *(target.options if target else ()), *args, timeout=timeout)
+    assert result.returncode == 0, f"{target.name if target else 'cpu'}: {result.stderr[-4000:]}"
     return result
 
 
-def test_a_cuda_program_sees_cuda_on_vulkan_with_memory_of_its_own(tmp_path):
-    seen = {}
-    for target, vulkan in (("vulkan", True), ("cpu", False)):
-        _run("tests/programs/device_semantics.py", str(tmp_path / f"{target}.json"),
-             str(tmp_path / f"{target}.pt"), vulkan=vulkan)
-        seen[target] = json.loads((tmp_path / f"{target}.json").read_text())
-    vulkan, cpu = seen["vulkan"], seen["cpu"]
-    assert vulkan["host_readable"] is False and cpu["host_readable"] is True
-    assert vulkan["device_index"] == 0 and vulkan["device_count"] == 1 and vulkan["memory_allocated"] > 0
-    assert vulkan["loader_sum"] == cpu["loader_sum"] == 120
-    # float16 autocast on vulkan, the CPU's fast dtype on the host: the same first loss, nearly
-    assert vulkan["amp_losses"][0] == pytest.approx(cpu["amp_losses"][0], rel=1e-3)
-    assert all(loss == loss for loss in vulkan["amp_losses"]) and vulkan["amp_losses"][-1] < vulkan["amp_losses"][0]
-
-    doctor = python("-c", "from cudashim.cli import main; main()", "doctor", *VULKAN)
-    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
-    assert "chosen backend: accelerator 'vulkan'" in doctor.stdout
-    assert "NCCL becomes 'staged' (through host memory to gloo" in doctor.stdout
+def _doctor(*options):
+    result = python("-c", "from cudashim.cli import main; main()", "doctor", *options)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
 
 
-def test_the_gpt_example_trains_checkpoints_and_resumes_on_vulkan_as_on_the_cpu(tmp_path):
+def test_a_cuda_program_sees_cuda_with_memory_of_its_own(tmp_path):
+    """Copies, pinned non-blocking transfers, events and streams, generators, AMP with a
+    scaler, checkpoints saved on the device and loaded on the host and the other way,
+    TorchScript, DataLoader workers with pinned batches (tests/programs/device_semantics.py)."""
+    def semantics(target):
+        name = target.name if target else "cpu"
+        _run("tests/programs/device_semantics.py", str(tmp_path / f"{name}.json"), str(tmp_path / f"{name}.pt"),
+             target=target)
+        return json.loads((tmp_path / f"{name}.json").read_text())
+
+    cpu = semantics(None)
+    assert cpu["host_readable"] is True
+    for target in targets():
+        seen = semantics(target)
+        assert seen["host_readable"] is False and seen["device_index"] == 0, target.name
+        assert seen["device_count"] == target.devices and seen["memory_allocated"] > 0
+        assert seen["loader_sum"] == cpu["loader_sum"] == 120
+        # float16 autocast on the device, the CPU's fast dtype on the host: the same first loss
+        assert seen["amp_losses"][0] == pytest.approx(cpu["amp_losses"][0], rel=1e-3), target.name
+        assert all(loss == loss for loss in seen["amp_losses"]) and seen["amp_losses"][-1] < seen["amp_losses"][0]
+
+        doctor = _doctor(*target.options)
+        assert f"chosen backend: accelerator '{target.name}'" in doctor
+        assert target.collective in doctor
+
+
+MISSED_COPY = """
+import ctypes, torch
+x = torch.full((4,), 7, dtype=torch.uint8).cuda()
+assert torch.cuda.memory_allocated() > 0
+print("read", list(ctypes.string_at(x.data_ptr(), 4)), flush=True)   # host code, no copy
+"""
+
+
+def test_the_test_accelerator_faults_host_code_that_reads_device_memory_without_a_copy():
+    """What the CPU backend cannot show: a pointer to device memory handed to host code. On
+    CUDA the read faults (or reads garbage); on the test accelerator it is a SIGSEGV."""
+    (target,) = targets(where=lambda target: target is SHIMDEV)
+    assert "read [7, 7, 7, 7]" in _run("-c", MISSED_COPY).stdout
+    faulted = python("-m", "cudashim", *target.options, "-c", MISSED_COPY)
+    assert faulted.returncode == -11 and "read" not in faulted.stdout, faulted.stderr[-2000:]
+
+
+def test_the_gpt_example_trains_checkpoints_and_resumes_as_on_the_cpu(tmp_path):
     """Events time its steps; the checkpoint is saved on the device and restored."""
-    losses = {}
-    for target, vulkan in (("vulkan", True), ("cpu", False)):
-        run = _run("examples/gpt.py", "--steps", "6", "--checkpoint", str(tmp_path / target / "ckpt.pt"),
-                   "--losses", str(tmp_path / f"{target}.json"), vulkan=vulkan)
+    def losses(target):
+        name = target.name if target else "cpu"
+        run = _run("examples/gpt.py", "--steps", "6", "--checkpoint", str(tmp_path / name / "ckpt.pt"),
+                   "--losses", str(tmp_path / f"{name}.json"), target=target)
         assert "6 steps in" in run.stdout and "restored" in run.stdout      # timed with events
-        losses[target] = json.loads((tmp_path / f"{target}.json").read_text())
-    assert losses["vulkan"] == pytest.approx(losses["cpu"], rel=5e-3)
-    assert losses["vulkan"][-1] < losses["vulkan"][0]
+        return json.loads((tmp_path / f"{name}.json").read_text())
+
+    on_cpu = losses(None)
+    for target in targets():
+        on_target = losses(target)
+        assert on_target == pytest.approx(on_cpu, rel=5e-3), target.name
+        assert on_target[-1] < on_target[0]
 
 
-def test_ddp_on_two_ranks_sharing_one_vulkan_device_trains_as_on_the_cpu(tmp_path):
-    """NCCL becomes collectives staged through host memory; each rank's set_device(local_rank)
-    lands on the one device."""
+def test_ddp_on_two_ranks_trains_as_on_the_cpu(tmp_path):
+    """NCCL becomes the target's library (collectives staged through host memory on vulkan,
+    shimccl on the test accelerator); each rank's set_device(local_rank) lands on its device
+    (both on vulkan's one)."""
     import torch
-    for target, options in (("vulkan", VULKAN), ("cpu", ())):
-        result = torchrun("tests/programs/ddp_train.py", "--epochs", "1", "--out", str(tmp_path / f"{target}.pt"),
-                          shim_options=options, timeout=600)
+
+    def weights(target):
+        name = target.name if target else "cpu"
+        result = torchrun("tests/programs/ddp_train.py", "--epochs", "1", "--out", str(tmp_path / f"{name}.pt"),
+                          shim_options=target.options if target else (), timeout=600)
         assert result.returncode == 0, result.stderr[-4000:]
-    on_vulkan = torch.load(tmp_path / "vulkan.pt", map_location="cpu")      # tagged vulkan:0
-    on_cpu = torch.load(tmp_path / "cpu.pt")
-    assert on_vulkan.keys() == on_cpu.keys()
-    for key in on_cpu:
-        torch.testing.assert_close(on_vulkan[key], on_cpu[key], rtol=1e-5, atol=1e-6)
+        return torch.load(tmp_path / f"{name}.pt", map_location="cpu")      # tagged with the device
+
+    on_cpu = weights(None)
+    for target in targets():
+        on_target = weights(target)
+        assert on_target.keys() == on_cpu.keys()
+        for key in on_cpu:
+            torch.testing.assert_close(on_target[key], on_cpu[key], rtol=1e-5, atol=1e-6, msg=target.name)
 
 
-def test_the_hugging_face_trainer_trains_and_resumes_on_vulkan(tmp_path):
-    """transformers' Trainer under torchrun, two ranks on the device, CUDA's fp16 AMP: the run
-    resumed from its checkpoint repeats the uninterrupted run's losses."""
+def test_fsdp_and_a_device_mesh_on_two_ranks_with_one_device_each(tmp_path):
+    """FSDP frees and regrows its flat parameters' storages in device memory, and offloads
+    its full state dict with .cpu(). torchvulkan cannot: its storage resize_(0) moves the
+    storage to the host."""
+    for target in targets(where=lambda target: target.devices >= 2):
+        mesh = torchrun("tests/programs/mesh_fsdp.py", shim_options=target.options, timeout=300)
+        assert mesh.returncode == 0, mesh.stderr[-3000:]
+        for rank in (0, 1):
+            assert f"rank {rank}: mesh on {target.name}, fully_shard and FSDP trained" in mesh.stdout
+        state = torchrun("tests/programs/fsdp_state_dict.py", str(tmp_path / "state.json"),
+                         shim_options=target.options, timeout=300)
+        assert state.returncode == 0, state.stderr[-3000:]
+        assert json.loads((tmp_path / "state.json").read_text()) == {"names": True, "equal": True}
+
+
+def test_the_hugging_face_trainer_trains_and_resumes(tmp_path):
+    """transformers' Trainer under torchrun, two ranks, CUDA's fp16 AMP: the run resumed from
+    its checkpoint repeats the uninterrupted run's losses."""
     pytest.importorskip("transformers")
-    out = tmp_path / "out.json"
-    result = torchrun("tests/programs/hf_trainer.py", "--output-dir", str(tmp_path / "run"), "--out", str(out),
-                      "--ddp-find-unused-parameters", "false", shim_options=VULKAN, timeout=600)
-    assert result.returncode == 0, result.stderr[-4000:]
-    seen = json.loads(out.read_text())
-    assert seen["parameter"] == ["vulkan:0", True] and seen["wrapped"] == "DistributedDataParallel"
-    assert seen["device"] == "cuda:0" and seen["scaler"] == "GradScaler"
-    assert all(seen["resumed"][step] == seen["losses"][step] for step in ("4", "5", "6"))
+    for target in targets(**MEMORY_ONLY):
+        out = tmp_path / f"{target.name}.json"
+        # DDP's record of unused parameters needs pinned memory (see below)
+        unused = () if target.pins_memory else ("--ddp-find-unused-parameters", "false")
+        result = torchrun("tests/programs/hf_trainer.py", "--output-dir", str(tmp_path / target.name), "--out",
+                          str(out), *unused, shim_options=target.options, timeout=600)
+        assert result.returncode == 0, result.stderr[-4000:]
+        seen = json.loads(out.read_text())
+        assert seen["parameter"] == [target.device(0), True] and seen["wrapped"] == "DistributedDataParallel"
+        assert seen["device"] == "cuda:0" and seen["scaler"] == "GradScaler"
+        assert all(seen["resumed"][step] == seen["losses"][step] for step in ("4", "5", "6"))
 
 
 UNUSED_PARAMETERS = """
@@ -118,140 +171,272 @@ dist.destroy_process_group()
 """
 
 
-def test_ddp_tracking_unused_parameters_is_refused_where_the_device_pins_no_memory():
+def test_ddp_tracking_unused_parameters_runs_where_the_device_pins_memory_and_is_refused_where_not():
     """torch's DDP reducer stages its record of used parameters in pinned host memory for a
     PrivateUse1 device and asserts it got some; torchvulkan pins nothing. The program hears
-    why when it wraps the model (not torch's internal assert in backward), and the way out runs."""
-    result = python("-m", "cudashim", *VULKAN, "-c", UNUSED_PARAMETERS, env={"PORT": str(free_port())})
-    assert result.returncode == 0, result.stderr[-4000:]
-    refused, trained = result.stdout.strip().splitlines()[-2:]
-    assert refused.startswith("UnsupportedCudaAPI DistributedDataParallel(find_unused_parameters=True) is not "
-                              "supported by cudashim on the 'vulkan' backend: torch's DDP stages")
-    assert "find_unused_parameters=False runs" in refused
-    assert trained == "trained 8.0"
+    why when it wraps the model (not torch's internal assert in backward), and the way out
+    runs. The test accelerator pins, and both train."""
+    for target in targets():
+        result = python("-m", "cudashim", *target.options, "-c", UNUSED_PARAMETERS, env={"PORT": str(free_port())})
+        assert result.returncode == 0, result.stderr[-4000:]
+        first, second = result.stdout.strip().splitlines()[-2:]
+        if target.pins_memory:                  # the gradient accumulates over both runs
+            assert (first, second) == ("trained 8.0", "trained 16.0")
+        else:
+            assert second == "trained 8.0"
+            assert first.startswith(f"UnsupportedCudaAPI DistributedDataParallel(find_unused_parameters=True) is "
+                                    f"not supported by cudashim on the '{target.name}' backend: torch's DDP stages")
+            assert "find_unused_parameters=False runs" in first
 
 
-def test_eager_init_with_a_cuda_device_id_and_a_mesh_from_the_group_on_vulkan():
-    """init_process_group("nccl", device_id=cuda_device) and DeviceMesh.from_group on the
-    collectives cudashim stages through host memory: its group connects no device eagerly,
-    and it has the name and per-device backends torch reads from a group."""
-    result = torchrun("tests/programs/eager_init.py", nproc=1, shim_options=VULKAN, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "rank 0: bound nccl, torchvulkan, True, torch.float16" in result.stdout
+def test_eager_init_with_a_cuda_device_id_and_a_mesh_from_the_group():
+    """init_process_group("nccl", device_id=cuda_device) and DeviceMesh.from_group: on the
+    collectives cudashim stages through host memory its group connects no device eagerly;
+    on the test accelerator's own library the device is bound."""
+    for target in targets():
+        result = torchrun("tests/programs/eager_init.py", nproc=1, shim_options=target.options, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        module = "torchvulkan" if target is VULKAN else "cudashim.testdevice.module"
+        dtype = "torch.bfloat16" if target.bf16 else "torch.float16"
+        assert f"rank 0: bound nccl, {module}, True, {dtype}" in result.stdout
 
 
-def test_spawned_ranks_share_the_vulkan_device_when_asked_for_two(tmp_path):
-    _run("--device-count", "2", "tests/programs/spawned_ranks.py", str(tmp_path / "spawned"))
-    ranks = [json.loads((tmp_path / f"spawned.rank{rank}.json").read_text()) for rank in (0, 1)]
-    assert [rank["current"] for rank in ranks] == [0, 1]
-    for rank in ranks:
-        assert rank == {**rank, "sum": [3.0, 3.0, 3.0], "is_cuda": True, "backend": "nccl"}
+def test_spawned_ranks_take_one_device_each(tmp_path):
+    """mp.spawn, one rank per CUDA device: vulkan's one device shared by two CUDA devices,
+    the test accelerator's two."""
+    for target in targets():
+        out = tmp_path / target.name
+        _run("--device-count", "2", "tests/programs/spawned_ranks.py", str(out), target=target)
+        ranks = [json.loads(out.with_name(f"{target.name}.rank{rank}.json").read_text()) for rank in (0, 1)]
+        assert [rank["current"] for rank in ranks] == [0, 1]
+        assert [rank["device"] for rank in ranks] == [target.device(0), target.device(1)]
+        for rank in ranks:
+            assert rank == {**rank, "sum": [3.0, 3.0, 3.0], "is_cuda": True, "backend": "nccl"}
 
 
-def test_transformers_generates_the_same_tokens_on_vulkan_as_on_the_cpu(tmp_path):
+def test_transformers_generates_the_same_tokens_as_on_the_cpu(tmp_path):
     pytest.importorskip("transformers")
-    tokens = {}
-    for target, vulkan in (("vulkan", True), ("cpu", False)):
-        run = _run("tests/programs/hf_generate.py", str(tmp_path / target), vulkan=vulkan)
-        tokens[target] = json.loads(run.stdout.strip().splitlines()[-1])
-    assert tokens["vulkan"] == tokens["cpu"]
-    assert tokens["vulkan"]["sdpa"] == tokens["vulkan"]["flash_attention_2"]
+
+    def tokens(target):
+        run = _run("tests/programs/hf_generate.py", str(tmp_path / (target.name if target else "cpu")), target=target)
+        return json.loads(run.stdout.strip().splitlines()[-1])
+
+    on_cpu = tokens(None)
+    for target in targets(**MEMORY_ONLY):
+        on_target = tokens(target)
+        assert on_target == on_cpu, target.name
+        assert on_target["sdpa"] == on_target["flash_attention_2"]
 
 
-def test_the_cuda_libraries_example_trains_on_vulkan_with_the_stand_ins(tmp_path):
+def test_the_cuda_libraries_example_trains_with_the_stand_ins(tmp_path):
     """flash_attn, apex and pynvml stand-ins on device tensors. The example draws its batches
     on the device, whose generator is not the host's, so its losses are compared in shape."""
-    run = _run("--report", "examples/cuda_libraries.py", "--steps", "20", "--losses", str(tmp_path / "a.json"))
-    losses = json.loads((tmp_path / "a.json").read_text())
-    assert len(losses) == 20 and losses[-1] < losses[0] / 2
-    assert "GPU memory used" in run.stdout
-    for library in ("flash_attn", "apex"):
-        assert f"{library}: the real package is not installed" in run.stderr
-    # torch imported the installed nvidia-ml-py before cudashim activated: replaced then
-    assert "pynvml: the real package, imported before activation, it fails on vulkan" in run.stderr
+    for target in targets(**MEMORY_ONLY):
+        losses_at = tmp_path / f"{target.name}.json"
+        run = _run("--report", "examples/cuda_libraries.py", "--steps", "20", "--losses", str(losses_at),
+                   target=target)
+        losses = json.loads(losses_at.read_text())
+        assert len(losses) == 20 and losses[-1] < losses[0] / 2
+        assert "GPU memory used" in run.stdout
+        for library in ("flash_attn", "apex"):
+            assert f"{library}: the real package is not installed" in run.stderr
+        # torch imported the installed nvidia-ml-py before cudashim activated: replaced then
+        assert f"pynvml: the real package, imported before activation, it fails on {target.name}" in run.stderr
 
 
-def test_qlora_trains_and_generates_on_vulkan_as_on_the_cpu(tmp_path):
+def test_qlora_trains_and_generates_as_on_the_cpu(tmp_path):
     """transformers loads the model quantized by bitsandbytes onto the device (through torch's
     private _parse_to), PEFT trains LoRA adapters there and it generates: the same losses and
     tokens as on the CPU backend. bitsandbytes says once that its 8-bit optimizers have no
-    kernel on vulkan; the program uses none. 8-bit here; 4-bit (nf4) runs the same way, on
+    kernel on the device; the program uses none. 8-bit here; 4-bit (nf4) runs the same way, on
     bitsandbytes' kernels in torch operations, at several times the cost on llvmpipe."""
     for package in ("bitsandbytes", "peft", "transformers"):
         pytest.importorskip(package)
-    results = {}
-    for target, vulkan in (("vulkan", True), ("cpu", False)):
-        run = _run("tests/programs/qlora.py", str(tmp_path / target), "--bits", "8", "--steps", "3",
-                   "--new-tokens", "3", vulkan=vulkan)
-        results[target] = json.loads(run.stdout.strip().splitlines()[-1])
+
+    def qlora(target):
+        run = _run("tests/programs/qlora.py", str(tmp_path / (target.name if target else "cpu")), "--bits", "8",
+                   "--steps", "3", "--new-tokens", "3", target=target)
         said = [line for line in run.stderr.splitlines() if "has no kernel on" in line]
-        assert len(said) == (1 if vulkan else 0) and (not said or "8-bit optimizers" in said[0])
-    assert results["vulkan"]["device"] == "vulkan:0" and results["vulkan"]["adapters_moved"]
-    assert results["vulkan"]["weight_dtype"] == results["cpu"]["weight_dtype"]
-    assert results["vulkan"]["losses"] == pytest.approx(results["cpu"]["losses"], rel=1e-4)
-    assert results["vulkan"]["tokens"] == results["cpu"]["tokens"]
+        assert len(said) == (1 if target else 0) and (not said or "8-bit optimizers" in said[0])
+        return json.loads(run.stdout.strip().splitlines()[-1])
+
+    on_cpu = qlora(None)
+    for target in targets(**MEMORY_ONLY):
+        seen = qlora(target)
+        assert seen["device"] == target.device(0) and seen["adapters_moved"]
+        assert seen["weight_dtype"] == on_cpu["weight_dtype"]
+        assert seen["losses"] == pytest.approx(on_cpu["losses"], rel=1e-4), target.name
+        assert seen["tokens"] == on_cpu["tokens"]
 
 
-def test_recurrent_models_train_on_vulkan_as_on_the_cpu(tmp_path):
+def test_recurrent_models_train_as_on_the_cpu(tmp_path):
     """nn.LSTM, nn.GRU and their cells call fused cell ops that only CUDA implements on
-    every accelerator; the host has no kernel for them either, so torchvulkan's own host
+    every accelerator; the host has no kernel for them either, so an extension's own host
     fallback cannot run them. cudashim's portable kernels compute them on the device."""
-    losses = {}
-    for target, vulkan in (("vulkan", True), ("cpu", False)):
-        run = _run("--report", "tests/programs/recurrent.py", str(tmp_path / f"{target}.json"), vulkan=vulkan)
-        losses[target] = json.loads((tmp_path / f"{target}.json").read_text())
+    def losses(target):
+        name = target.name if target else "cpu"
+        run = _run("--report", "tests/programs/recurrent.py", str(tmp_path / f"{name}.json"), target=target)
         filled = [line for line in run.stderr.splitlines() if "cudashim's portable kernel" in line]
-        assert len(filled) == (4 if vulkan else 0), run.stderr[-3000:]
-    assert losses["vulkan"].keys() == {"LSTM", "GRU", "LSTMCell", "GRUCell"}
-    for model, on_cpu in losses["cpu"].items():
-        assert losses["vulkan"][model] == pytest.approx(on_cpu, rel=1e-5)
-        assert losses["vulkan"][model][-1] < losses["vulkan"][model][0]
+        assert len(filled) == (4 if target else 0), run.stderr[-3000:]
+        return json.loads((tmp_path / f"{name}.json").read_text())
 
-    doctor = python("-c", "from cudashim.cli import main; main()", "doctor", "--kernels", *VULKAN)
-    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
-    assert "aten::_thnn_fused_lstm_cell, aten::_thnn_fused_lstm_cell_backward_impl" in doctor.stdout
-    assert "extension's own fallback runs them on the host" in doctor.stdout
+    on_cpu = losses(None)
+    for target in targets():
+        on_target = losses(target)
+        assert on_target.keys() == {"LSTM", "GRU", "LSTMCell", "GRUCell"}
+        for model, expected in on_cpu.items():
+            assert on_target[model] == pytest.approx(expected, rel=1e-5), (target.name, model)
+            assert on_target[model][-1] < on_target[model][0]
+        doctor = _doctor("--kernels", *target.options)
+        assert "aten::_thnn_fused_lstm_cell, aten::_thnn_fused_lstm_cell_backward_impl" in doctor
+        assert "extension's own fallback runs them on the host" in doctor
 
 
-def test_sync_batch_norm_on_two_ranks_normalizes_with_the_whole_batch_on_vulkan(tmp_path):
+def test_sync_batch_norm_on_two_ranks_normalizes_with_the_whole_batch(tmp_path):
     """SyncBatchNorm's statistics ops are CUDA-only (cudashim's portable kernels on the
-    device), and it gathers them into a (1, world * n) tensor as NCCL allows (the staged
-    library hands gloo the concatenation): each rank's share normalizes, back-propagates
-    and updates running statistics as plain BatchNorm over the whole batch does (the same
-    program on the CPU backend: tests/test_multiprocess.py)."""
-    result = torchrun("tests/programs/sync_batchnorm.py", str(tmp_path / "sbn"), shim_options=VULKAN, timeout=600)
-    assert result.returncode == 0, result.stderr[-4000:]
-    for rank in (0, 1):
-        seen = json.loads((tmp_path / f"sbn.rank{rank}.json").read_text())
-        assert seen["device"] == "vulkan:0"
-        assert all(worst < 1e-5 for worst in seen["worst"].values()), seen
+    device), and it gathers them into a (1, world * n) tensor as NCCL allows: each rank's
+    share normalizes, back-propagates and updates running statistics as plain BatchNorm over
+    the whole batch does (the same program on the CPU backend: tests/test_multiprocess.py)."""
+    for target in targets():
+        out = tmp_path / target.name
+        result = torchrun("tests/programs/sync_batchnorm.py", str(out), shim_options=target.options, timeout=600)
+        assert result.returncode == 0, result.stderr[-4000:]
+        for rank in (0, 1):
+            seen = json.loads(out.with_name(f"{target.name}.rank{rank}.json").read_text())
+            assert seen["device"] == target.device(rank)
+            assert all(worst < 1e-5 for worst in seen["worst"].values()), (target.name, seen)
 
 
-def test_data_parallel_and_model_parallel_on_two_cuda_devices_sharing_vulkan(tmp_path):
+def test_data_parallel_and_model_parallel_on_two_cuda_devices(tmp_path):
     """nn.DataParallel, data_parallel, nn.parallel by hand and torch.cuda.comm over cuda:0 and
-    cuda:1, both on the one vulkan device: replicas get copies in device memory, host inputs
-    are scattered onto the device, gathers to "cpu" reach the host (the checks:
-    test_data_parallel.py). The tutorials' model-parallel halves and a DCGAN with --ngpu 2
-    train as on the CPU backend."""
+    cuda:1 (both on vulkan's one device; the test accelerator's two): replicas get copies in
+    device memory, host inputs are scattered onto the device, gathers to "cpu" reach the host
+    (the checks: test_data_parallel.py). The tutorials' model-parallel halves and a DCGAN with
+    --ngpu 2 train as on the CPU backend."""
     from test_data_parallel import TWO, check_semantics, semantics
-    seen = {}
-    for target, options in (("vulkan", VULKAN + TWO), ("cpu", TWO)):
-        (tmp_path / target).mkdir()
-        seen[target] = semantics(tmp_path / target, options)
-    check_semantics(seen["vulkan"])
-    assert seen["vulkan"]["reduce_add_host_input"] == "AssertionError"   # as CUDA: inputs on GPUs
-    assert seen["vulkan"]["loss"] == pytest.approx(seen["cpu"]["loss"], rel=1e-5)
 
-    _run(*TWO, "tests/programs/model_parallel_tutorial.py", str(tmp_path / "mp.json"))
-    parallel = json.loads((tmp_path / "mp.json").read_text())
-    assert parallel["parts_on"] == ["vulkan:0", "vulkan:0"] and parallel["toy_output_on"] == "vulkan:0"
-    assert parallel["pipeline"] == pytest.approx(parallel["single"], rel=1e-5)
-    assert parallel["model_parallel"] == pytest.approx(parallel["single"], rel=1e-5)
+    (tmp_path / "cpu").mkdir()
+    on_cpu = semantics(tmp_path / "cpu", TWO)
+    _run(*TWO, "tests/programs/dcgan_data_parallel.py", str(tmp_path / "dcgan-cpu.json"), "--ngpu", "2")
+    for target in targets():
+        (tmp_path / target.name).mkdir()
+        seen = semantics(tmp_path / target.name, target.options + TWO)
+        check_semantics(seen)
+        assert seen["reduce_add_host_input"] == "AssertionError"   # as CUDA: inputs on GPUs
+        assert seen["loss"] == pytest.approx(on_cpu["loss"], rel=1e-5)
 
-    losses = {}
-    for target, vulkan in (("vulkan", True), ("cpu", False)):
-        _run(*TWO, "tests/programs/dcgan_data_parallel.py", str(tmp_path / f"dcgan-{target}.json"),
-             "--ngpu", "2", vulkan=vulkan)
-        steps = json.loads((tmp_path / f"dcgan-{target}.json").read_text())["losses"]
-        losses[target] = [loss for step in steps for loss in step]      # (D, G) per step
-    assert losses["vulkan"] == pytest.approx(losses["cpu"], rel=1e-4)
+        parallel_at = tmp_path / f"mp-{target.name}.json"
+        _run(*TWO, "tests/programs/model_parallel_tutorial.py", str(parallel_at), target=target)
+        parallel = json.loads(parallel_at.read_text())
+        halves = [target.device(0), target.device(1)]
+        assert parallel["parts_on"] == halves and parallel["toy_output_on"] == target.device(1)
+        assert parallel["pipeline"] == pytest.approx(parallel["single"], rel=1e-5)
+        assert parallel["model_parallel"] == pytest.approx(parallel["single"], rel=1e-5)
+
+        losses = {}
+        _run(*TWO, "tests/programs/dcgan_data_parallel.py", str(tmp_path / f"dcgan-{target.name}.json"),
+             "--ngpu", "2", target=target)
+        for name in ("cpu", target.name):
+            steps = json.loads((tmp_path / f"dcgan-{name}.json").read_text())["losses"]
+            losses[name] = [loss for step in steps for loss in step]      # (D, G) per step
+        assert losses[target.name] == pytest.approx(losses["cpu"], rel=1e-4)
+
+
+def test_the_test_accelerator_is_a_device_of_its_own():
+    """Loaded into this forked test process without cudashim: what torch sees of it."""
+    targets(where=lambda target: target is SHIMDEV)
+    import torch
+    import torch.distributed as dist
+    from cudashim import testdevice
+    testdevice.load(2)
+
+    assert torch.accelerator.current_accelerator().type == "shimdev" and torch.accelerator.device_count() == 2
+    before = torch.accelerator.memory_allocated(1)
+    x = torch.arange(1024, dtype=torch.float32, device="shimdev:1")
+    assert torch.accelerator.memory_allocated(1) >= before + x.nbytes and not torch.shimdev.host_readable(x)
+    assert x.sum().item() == sum(range(1024)) and x.cpu().tolist() == list(range(1024))
+    x.resize_(2048)                                     # grown in device memory, content kept
+    assert x[:1024].cpu().tolist() == list(range(1024)) and x.device == torch.device("shimdev", 1)
+    del x
+    assert torch.accelerator.memory_allocated(1) == before
+
+    # One generator per device: the same seed draws the same numbers, devices do not share.
+    torch.shimdev.manual_seed_all(5)
+    first = [torch.randn(3, device=f"shimdev:{i}").cpu() for i in (0, 1)]
+    assert torch.equal(first[0], first[1])
+    again = torch.randn(3, device="shimdev:0").cpu()
+    assert not torch.equal(again, first[0])
+    generator = torch.Generator(device="shimdev:1").manual_seed(5)
+    assert generator.device == torch.device("shimdev", 1)
+    assert torch.equal(torch.randn(3, device="shimdev:1", generator=generator).cpu(), first[1])
+
+    stream = torch.Stream(device="shimdev:1")
+    start, end = torch.Event(device="shimdev:1", enable_timing=True), torch.Event(device="shimdev:1", enable_timing=True)
+    with stream:
+        start.record()
+        end.record()
+    end.synchronize()
+    assert stream.device == torch.device("shimdev", 1) and start.elapsed_time(end) >= 0
+
+    pinned = torch.ones(4).pin_memory()
+    assert pinned.is_pinned() and not torch.ones(4).is_pinned()
+    assert pinned.to("shimdev", non_blocking=True).sum().item() == 4
+    with torch.autocast("shimdev", dtype=torch.float16):
+        assert (torch.ones(2, 2, device="shimdev") @ torch.ones(2, 2, device="shimdev")).dtype == torch.float16
+    weight = torch.nn.Parameter(torch.ones(2, device="shimdev"))
+    weight.data = torch.zeros(2)                        # between device and host, as with CUDA
+    assert weight.device.type == "cpu"
+
+    assert dist.Backend.default_device_backend_map["shimdev"] == "shimccl"
+    with pytest.raises(RuntimeError, match="cannot change to 3"):
+        testdevice.load(3)
+
+
+def test_the_backend_contract_holds_on_the_test_accelerator():
+    targets(where=lambda target: target is SHIMDEV)
+    from test_backends import check_contract
+    from cudashim import backends, testdevice
+    from cudashim._settings import load
+    testdevice.load(2)
+    cls, reason = backends.resolve("auto")
+    assert cls.name == "accelerator" and "detected" in reason
+    check_contract(cls(load()), "shimdev")
+
+
+def test_the_test_accelerator_says_what_it_needs_where_it_cannot_be_built(monkeypatch):
+    from cudashim import testdevice
+    from cudashim.errors import BackendUnavailableError
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    monkeypatch.setattr(testdevice, "_compiled", None)
+    with pytest.raises(BackendUnavailableError, match=r"^the test accelerator cannot be built: no C\+\+ compiler "
+                                                      r"\('no-such-compiler' is not on PATH; install g\+\+ or set CXX\)$"):
+        testdevice.load(2)
+
+
+COMPILED = """
+import warnings, torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 1)).cuda()
+x = torch.randn(3, 4).cuda()
+eager = model(x)
+eager.sum().backward()
+grad = model[0].weight.grad.clone()
+model.zero_grad()
+with warnings.catch_warnings(record=True) as said:
+    warnings.simplefilter("always")
+    compiled = torch.compile(model)(x)
+    compiled.sum().backward()
+print(torch.equal(compiled, eager), torch.equal(model[0].weight.grad, grad), compiled.device,
+      [str(w.message).split(";")[0] for w in said if "inductor" in str(w.message)])
+"""
+
+
+def test_torch_compile_runs_where_inductor_has_no_code_generator_for_the_device():
+    """torch.compile's default (inductor) has no code generator for the test accelerator (nor
+    torchvulkan, nor a vendor that registers none): its graphs compile with AOTAutograd's
+    eager backend, forward and backward equal to eager, and the program is told once."""
+    for target in targets(**MEMORY_ONLY):
+        result = _run("-c", COMPILED, target=target)
+        assert result.stdout.strip().splitlines()[-1] == (
+            f"True True {target.device(0)} ['torch.compile: inductor has no code generator for the "
+            f"'{target.name}' device']")

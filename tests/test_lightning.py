@@ -71,20 +71,21 @@ def test_ddp_on_two_gpus(tmp_path, loop, precision):
     assert seen["precision"] == ["MixedPrecision", "cuda"]
 
 
-def test_ddp_on_two_gpus_sharing_one_vulkan_device(tmp_path):
-    """The same DDP run on torchvulkan, whose memory is the device's own: Lightning's batches
-    and model reach the device, its process group (which Lightning binds to a device) is
-    the collectives cudashim stages through host memory, and the resumed run repeats the
-    continued one. Lightning moves the model back to the host when the Trainer is done."""
-    from test_vulkan import VULKAN, WHY_NOT
-    if WHY_NOT is not None:
-        pytest.skip(WHY_NOT)
-    seen = _run(tmp_path, "--devices", "2", "--strategy", "ddp", "--precision", "16-mixed",
-                shim=("-m", "cudashim", *VULKAN, "--device-count", "2"))
-    assert seen["accelerator"] == "CUDAAccelerator" and seen["world_size"] == 2 and seen["backend"] == "nccl"
-    assert seen["step"] == {"device": "vulkan:0", "batch_is_cuda": True}
-    assert seen["parameter"] == ["cpu", False]
-    assert seen["resumed"] == seen["continued"] and seen["same_weights"] and seen["trained"]
+def test_ddp_on_two_gpus_on_targets_with_memory_of_their_own(tmp_path):
+    """The same DDP run on torchvulkan (both ranks sharing its one device) and on cudashim's
+    test accelerator (a device each): Lightning's batches and model reach the device, its
+    process group (which Lightning binds to a device) is the target's NCCL, and the resumed run
+    repeats the continued one. Lightning moves the model back to the host when the Trainer is
+    done."""
+    from targets import targets
+    for target in targets():
+        (tmp_path / target.name).mkdir()
+        seen = _run(tmp_path / target.name, "--devices", "2", "--strategy", "ddp", "--precision", "16-mixed",
+                    shim=("-m", "cudashim", *target.options, "--device-count", "2"))
+        assert seen["accelerator"] == "CUDAAccelerator" and seen["world_size"] == 2 and seen["backend"] == "nccl"
+        assert seen["step"] == {"device": target.device(0), "batch_is_cuda": True}
+        assert seen["parameter"] == ["cpu", False]
+        assert seen["resumed"] == seen["continued"] and seen["same_weights"] and seen["trained"]
 
 
 def test_fsdp_on_two_gpus_shards_resumes_and_tests(tmp_path):

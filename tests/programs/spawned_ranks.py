@@ -18,6 +18,7 @@ def run(rank, world, port, out):
     dist.all_reduce(tensor)
     with open(f"{out}.rank{rank}.json", "w") as f:
         json.dump({"sum": tensor.tolist(), "is_cuda": tensor.is_cuda, "current": torch.cuda.current_device(),
+                   "device": str(tensor.device),
                    "backend": dist.get_backend()}, f)
     dist.destroy_process_group()
 
