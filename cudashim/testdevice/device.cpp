@@ -101,6 +101,18 @@ void release(void* address) {
 
 thread_local c10::DeviceIndex current_device = 0;
 
+// ``reset`` applied to every statistic this allocator keeps for ``device``.
+template <typename Reset>
+void for_each_stat(c10::DeviceIndex device, Reset reset) {
+  check_index(device);
+  std::lock_guard<std::mutex> lock(memory_mutex);
+  auto& s = stats[device];
+  for (auto* array : {&s.allocation, &s.segment, &s.active, &s.allocated_bytes, &s.reserved_bytes,
+                      &s.active_bytes, &s.requested_bytes}) {
+    for (auto& stat : *array) reset(stat);
+  }
+}
+
 struct DeviceMemory final : c10::DeviceAllocator {
   c10::DataPtr allocate(size_t requested) override {
     c10::Device device(kDevice, current_device);
@@ -129,23 +141,12 @@ struct DeviceMemory final : c10::DeviceAllocator {
     return stats[device];
   }
   void resetAccumulatedStats(c10::DeviceIndex device) override {
-    check_index(device);
+    for_each_stat(device, [](c10::CachingAllocator::Stat& stat) { stat.reset_accumulated(); });
     std::lock_guard<std::mutex> lock(memory_mutex);
-    auto& s = stats[device];
-    for (auto* array : {&s.allocation, &s.segment, &s.active, &s.allocated_bytes,
-                        &s.reserved_bytes, &s.active_bytes, &s.requested_bytes}) {
-      for (auto& stat : *array) stat.reset_accumulated();
-    }
-    s.num_device_alloc = s.num_device_free = 0;
+    stats[device].num_device_alloc = stats[device].num_device_free = 0;
   }
   void resetPeakStats(c10::DeviceIndex device) override {
-    check_index(device);
-    std::lock_guard<std::mutex> lock(memory_mutex);
-    auto& s = stats[device];
-    for (auto* array : {&s.allocation, &s.segment, &s.active, &s.allocated_bytes,
-                        &s.reserved_bytes, &s.active_bytes, &s.requested_bytes}) {
-      for (auto& stat : *array) stat.reset_peak();
-    }
+    for_each_stat(device, [](c10::CachingAllocator::Stat& stat) { stat.reset_peak(); });
   }
   std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
     check_index(device);
