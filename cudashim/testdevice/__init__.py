@@ -11,11 +11,9 @@ own name (``collectives.py``). Load it with ``python -m cudashim --test-devices 
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import torch
@@ -73,7 +71,3 @@ def load(devices: int = DEFAULT_DEVICES) -> None:
     torch._register_device_module(NAME, module)
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
     collectives.register()
-
-
-def is_loaded() -> bool:
-    return torch._C._get_privateuse1_backend_name() == NAME and _compiled is not None

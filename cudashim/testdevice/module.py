@@ -6,8 +6,6 @@ names, the dtypes autocast may use) from the compiled extension.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 Stream = torch.Stream
@@ -69,16 +67,12 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 default_generators = tuple(_ext().default_generator(i) for i in range(_ext().device_count()))
 
 
-def _generators():
-    return default_generators
-
-
 def manual_seed(seed: int) -> None:
     _ext().default_generator(current_device()).manual_seed(int(seed))
 
 
 def manual_seed_all(seed: int) -> None:
-    for generator in _generators():
+    for generator in default_generators:
         generator.manual_seed(int(seed))
 
 
@@ -88,7 +82,7 @@ def seed() -> None:
 
 def seed_all() -> None:
     first = _ext().default_generator(0).seed()
-    for generator in _generators()[1:]:
+    for generator in default_generators[1:]:
         generator.manual_seed(first)
 
 
@@ -105,11 +99,11 @@ def set_rng_state(new_state: torch.Tensor, device="shimdev") -> None:
 
 
 def get_rng_state_all():
-    return [generator.get_state() for generator in _generators()]
+    return [generator.get_state() for generator in default_generators]
 
 
 def set_rng_state_all(new_states) -> None:
-    for generator, state in zip(_generators(), new_states):
+    for generator, state in zip(default_generators, new_states):
         generator.set_state(state)
 
 
