@@ -23,6 +23,7 @@ from ..errors import BackendUnavailableError
 NAME = "shimdev"
 DEFAULT_DEVICES = 2
 SOURCE = Path(__file__).with_name("device.cpp")
+BUILD_NAME = "cudashim_testdevice"
 
 log = logging.getLogger(__name__)
 _compiled = None
@@ -50,9 +51,22 @@ def compiled():
             raise BackendUnavailableError(f"the test accelerator cannot be built: {missing}")
         from torch.utils import cpp_extension
         log.info("cudashim: building the test accelerator (cached after the first time)")
-        _compiled = cpp_extension.load(name="cudashim_testdevice", sources=[str(SOURCE)],
-                                       extra_cflags=["-O1"], verbose=False)
+        build = Path(cpp_extension._get_build_directory(BUILD_NAME, verbose=False))
+        _compiled = cpp_extension.load(name=BUILD_NAME, sources=[str(_source_in(build))],
+                                       build_directory=str(build), extra_cflags=["-O1"], verbose=False)
     return _compiled
+
+
+def _source_in(build: Path) -> Path:
+    """The source, copied into the build folder when it differs: the build command names its
+    source, so a checkout and an installed copy of cudashim would otherwise rebuild in turn."""
+    copy = build / SOURCE.name
+    text = SOURCE.read_bytes()
+    if not copy.exists() or copy.read_bytes() != text:
+        partial = build / f".{SOURCE.name}.{os.getpid()}"
+        partial.write_bytes(text)
+        os.replace(partial, copy)                    # atomic: a build beside this one reads all or none
+    return copy
 
 
 def load(devices: int = DEFAULT_DEVICES) -> None:
