@@ -144,23 +144,3 @@ def test_one_bit_optimizers_train_with_the_nccl_backend(tmp_path):
         # A resumed 1-bit optimizer starts its error feedback afresh (DeepSpeed resets it on
         # load), so only the first resumed step, taken before any update, repeats exactly.
         assert nccl["resumed"][0] == nccl["continued"][0], optimizer
-
-
-def test_on_the_test_accelerator_deepspeed_runs_its_cuda_accelerator_and_says_which_ops_cannot(tmp_path):
-    """DeepSpeed has no accelerator for cudashim's test accelerator, so it runs its CUDA one:
-    the CUDA ops it would build with nvcc are refused, naming the op and the way out; with
-    PyTorch's AdamW (the config's ``torch_adam``) it trains on the device in fp16, saves and
-    resumes."""
-    from targets import SHIMDEV, targets
-    targets(where=lambda target: target is SHIMDEV)
-    shim = ("-m", "cudashim", *SHIMDEV.options)
-    refused = python(*shim, PROGRAM, "--checkpoint", str(tmp_path / "refused"), "--out", str(tmp_path / "no.json"),
-                     env={"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                          "MASTER_PORT": str(free_port())}, timeout=BUILDS)
-    assert refused.returncode != 0
-    assert ("UnsupportedCudaAPI: DeepSpeed's CUDA op 'fused_adam' is not supported by cudashim on the "
-            "'accelerator' backend: DeepSpeed has no accelerator for the 'shimdev' device") in refused.stderr
-    seen = _one_rank(tmp_path, "--torch-adam", shim=shim)
-    assert seen["accelerator"] == "cuda" and seen["backend"] == "nccl"
-    assert seen["parameter"] == ["shimdev:0", "torch.float16", True]
-    assert seen["resumed"] == seen["continued"] and all(loss == loss for loss in seen["losses"])

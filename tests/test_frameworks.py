@@ -154,3 +154,30 @@ def test_the_served_nccl_backend_keeps_deepspeeds_call(world_of_one):
     scale = original.norm() / worker_error.numel() ** 0.5      # over the padded length, as DeepSpeed's
     torch.testing.assert_close(result, scale * torch.where(original >= 0, 1.0, -1.0))
     torch.testing.assert_close(worker_error[:15].view(3, 5), original - result)
+
+
+def test_where_deepspeed_has_no_accelerator_for_the_target_its_cuda_ops_are_refused_saying_why(monkeypatch):
+    """On a device DeepSpeed has no accelerator for (here a vendor's that torch.accelerator
+    reports), DeepSpeed runs its CUDA accelerator, whose op builders ask nvcc for a CUDA device
+    and fail deep inside: the program hears which op, and the way out (checked by hand with
+    real DeepSpeed on the test accelerator, where "torch_adam": true trains)."""
+    from conftest import install_fake
+    from cudashim.errors import UnsupportedCudaAPI
+    builder = types.ModuleType("deepspeed.ops.op_builder.builder")
+
+    class CUDAOpBuilder:
+        def load(self, verbose=True):
+            return "built with nvcc"
+
+    class FusedAdamBuilder(CUDAOpBuilder):
+        name = "fused_adam"
+
+    builder.CUDAOpBuilder = CUDAOpBuilder
+    monkeypatch.setitem(sys.modules, builder.__name__, builder)
+    install_fake("accelerator")
+    with cudashim.activated("accelerator"):
+        with pytest.raises(UnsupportedCudaAPI, match=r"^DeepSpeed's CUDA op 'fused_adam' is not supported by "
+                                                     r"cudashim on the 'accelerator' backend: DeepSpeed has no "
+                                                     r"accelerator for the 'musa' device.*\"torch_adam\": true"):
+            FusedAdamBuilder().load()
+    assert FusedAdamBuilder().load() == "built with nvcc"

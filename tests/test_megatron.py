@@ -60,4 +60,3 @@ def test_a_tiny_gpt_trains_in_fp16_saves_and_resumes_on_two_ranks(tmp_path, para
     for before, after in zip(trained, resumed):
         assert after["first_step"] == SAVED_AT
         assert after["steps"] == before["steps"][SAVED_AT:SAVED_AT + RESUMED]
-

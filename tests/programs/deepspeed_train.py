@@ -74,7 +74,6 @@ def main():
                              "train one after another in this process (a sweep)")
     parser.add_argument("--comm-backend", choices=["nccl", "compressed"], default="nccl",
                         help="the 1-bit optimizers' comm_backend_name")
-    parser.add_argument("--torch-adam", action="store_true", help="AdamW in PyTorch, not DeepSpeed's fused op")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--out", required=True)
@@ -96,7 +95,7 @@ def train_with(args, optimizer_name, checkpoint):
     if args.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     precision = {"enabled": True, "initial_scale_power": 8} if args.dtype == "fp16" else {"enabled": True}
-    optimizer = {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01, "torch_adam": args.torch_adam}}
+    optimizer = {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01}}
     if optimizer_name != "AdamW":            # 1-bit: compressed from the fourth step on
         optimizer = {"type": optimizer_name,
                      "params": {"lr": 1e-3, "freeze_step": 3, "var_freeze_step": 3, "cuda_aware": False,
