@@ -409,18 +409,9 @@ void Hooks::resizePrivateUse1Bytes(const c10::Storage& storage, size_t bytes) co
   move_to_new_memory(storage, storage.data(), bytes, std::min(bytes, storage.nbytes()), device);
 }
 
-at::Tensor host_tensor(const c10::Storage& storage, const at::Tensor& like) {
-  auto host = at::detail::make_tensor<c10::TensorImpl>(
-      c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::CPU), like.dtype());
-  host.unsafeGetTensorImpl()->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
-  host._set_conj(like.is_conj());
-  host._set_neg(like.is_neg());
-  return host;
-}
-
-at::Tensor device_tensor(const c10::Storage& storage, const at::Tensor& like) {
-  auto made = at::detail::make_tensor<c10::TensorImpl>(
-      c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), like.dtype());
+// A tensor of ``key`` (CPU or the device) over ``storage``, shaped as ``like``.
+at::Tensor tensor_over(const c10::Storage& storage, c10::DispatchKey key, const at::Tensor& like) {
+  auto made = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storage), c10::DispatchKeySet(key), like.dtype());
   made.unsafeGetTensorImpl()->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
   made._set_conj(like.is_conj());
   made._set_neg(like.is_neg());
@@ -444,7 +435,7 @@ class HostCall {
   at::Tensor to_host(const at::Tensor& tensor) {
     if (!tensor.defined() || tensor.device().type() != kDevice) return tensor;
     note_device(tensor.device().index());
-    auto host = host_tensor(to_host(tensor.storage()), tensor);
+    auto host = tensor_over(to_host(tensor.storage()), c10::DispatchKey::CPU, tensor);
     arguments_.emplace_back(tensor, host);
     return host;
   }
@@ -494,7 +485,7 @@ class HostCall {
     for (auto& [tensor, view] : arguments_) {
       if (view.unsafeGetTensorImpl() == host.unsafeGetTensorImpl()) return tensor;
     }
-    return device_tensor(to_device(host.storage(), device), host);
+    return tensor_over(to_device(host.storage(), device), c10::DispatchKey::PrivateUse1, host);
   }
 
  private:
