@@ -30,8 +30,7 @@
 
 /* Open addressing over code object pointers. A code object is held (a reference), so its
  * address cannot be reused by another while it is in the table. */
-#define CALLER_SLOTS 16384            /* a power of two */
-#define CALLER_LIMIT 8192             /* as callers._BY_CODE_LIMIT: at most half full */
+#define CALLER_SLOTS 16384            /* a power of two; the limit Python gives keeps it half empty */
 
 typedef struct {
     PyObject *code;
@@ -43,6 +42,7 @@ typedef struct {
     PyObject *decide;                 /* module name -> bool */
     CallerEntry *table;
     Py_ssize_t used;
+    Py_ssize_t limit;                 /* at most this many entries (callers.BY_CODE_LIMIT) */
 } CallerCacheObject;
 
 static PyTypeObject CallerCacheType;
@@ -102,7 +102,7 @@ static int caller_answer(CallerCacheObject *self, PyFrameObject *frame)
         slot = (slot + 1) & (CALLER_SLOTS - 1);
     }
     answer = caller_decide(self, frame);
-    if (answer >= 0 && self->used < CALLER_LIMIT) {
+    if (answer >= 0 && self->used < self->limit) {
         self->table[slot].code = (PyObject *)code;      /* the table keeps the reference */
         self->table[slot].answer = answer;
         self->used++;
@@ -137,13 +137,19 @@ static void caller_cache_clear_table(CallerCacheObject *self)
 
 static PyObject *CallerCache_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    static char *keywords[] = {"decide", NULL};
+    static char *keywords[] = {"decide", "limit", NULL};
     PyObject *decide;
+    Py_ssize_t limit;
     CallerCacheObject *self;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O:CallerCache", keywords, &decide))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "On:CallerCache", keywords, &decide, &limit))
         return NULL;
     if (!PyCallable_Check(decide)) {
-        PyErr_SetString(PyExc_TypeError, "CallerCache(decide): decide must be callable");
+        PyErr_SetString(PyExc_TypeError, "CallerCache(decide, limit): decide must be callable");
+        return NULL;
+    }
+    if (limit < 0 || limit > CALLER_SLOTS / 2) {
+        PyErr_Format(PyExc_ValueError, "CallerCache(decide, limit): limit must be 0 to %d",
+                     CALLER_SLOTS / 2);
         return NULL;
     }
     self = (CallerCacheObject *)type->tp_alloc(type, 0);
@@ -156,6 +162,7 @@ static PyObject *CallerCache_new(PyTypeObject *type, PyObject *args, PyObject *k
     }
     Py_INCREF(decide);
     self->decide = decide;
+    self->limit = limit;
     return (PyObject *)self;
 }
 

@@ -41,8 +41,14 @@ class Activation:
     report: Any = None                 # report.Report, when the report is on
     precision: Any = None              # precision.PrecisionPolicy (None when passing through)
     compiled: Any = None               # cudashim._speedups where it runs (see speedups.py), else None
+    callers: Any = None                # callers.CallerPolicy: who hears the truth
     live: bool = True                  # False once deactivated: late hooks then patch nothing
     waiting_for_imports: list = dataclasses.field(default_factory=list)   # (module, patch)
+
+    def count(self, api: str, became) -> None:
+        """One use of ``api``, which became ``became``, for the report where it is on."""
+        if self.report is not None:
+            self.report.count(api, became)
 
     def replace(self, owner, name: str, make: Callable[[Any], Any]):
         """Patch ``owner.name`` with ``make(original)``; return the replacement."""
@@ -212,6 +218,7 @@ def _on_torch_imported(torch_module) -> None:
 
 def _install(settings) -> Activation:
     from . import patches
+    from .kernels import native
     from .precision import PrecisionPolicy
     from .report import Report, check_writable
     from .translation import DeviceTranslator
@@ -228,9 +235,10 @@ def _install(settings) -> Activation:
     report = Report(backend.name) if (settings.report or settings.report_json) else None
     activation = Activation(settings, backend, reason, registry,
                             DeviceTranslator(backend, report), report,
-                            PrecisionPolicy.of(backend, settings), speedups.chosen(settings))
-    callers.configure(settings.honest_for)
-    registry.add_undo("who hears the truth", lambda: callers.configure(()))
+                            PrecisionPolicy.of(backend, settings), speedups.chosen(settings),
+                            callers.CallerPolicy(settings.honest_for))
+    # The host kernels (a library too) hear the activation's setting, not the environment's.
+    registry.set_attr(native, "handed_portable", bool(settings.pure_python))
     try:
         patches.apply_all(activation)
     except BaseException:

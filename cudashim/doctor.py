@@ -180,7 +180,7 @@ def doctor(settings) -> int:
             out("frameworks with a device layer of their own:\n" + "".join(
                 f"  {line}\n" for line in framework_lines(backend)))
             out(f"hot wrappers: {speedups.describe(settings)}; host kernels: "
-                f"{native.unavailable() or 'compiled (cudashim.kernels._native)'}\n")
+                f"{native.why_not_used() or 'compiled (cudashim.kernels._native)'}\n")
             out(f"{speedups.fast_path(settings)}\n")
             out("patch groups:\n")
             width = max(map(len, patches.GROUPS))

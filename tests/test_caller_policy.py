@@ -100,16 +100,16 @@ def test_torch_accelerator_shows_the_machine_torch_cuda_shows(shim):
 
 def test_deactivation_restores_every_gate():
     import cudashim
-    from cudashim import callers
+    from cudashim import activation
     version, is_built = torch.version, torch.backends.cuda.is_built
     current = torch.accelerator.current_accelerator
     cudashim.activate("cpu", honest_for="mylib")
     assert torch.version is not version and sys.modules["torch.version"] is not version
-    assert "mylib" in callers.honest_modules()
+    assert "mylib" in activation.current_activation().callers.honest
     cudashim.deactivate()
     assert torch.version is version and sys.modules["torch.version"] is version
     assert torch.backends.cuda.is_built is is_built and torch.accelerator.current_accelerator is current
-    assert callers.honest_modules() == callers.honest_set(())
+    assert activation.current_activation() is None
 
 
 def test_the_report_says_who_asked_and_what_they_heard(libraries):

@@ -123,14 +123,16 @@ def test_torch_internals_hear_the_truth_through_either_wrapper(pure_python):
 
 
 @needs_compiled
-def test_changing_who_hears_the_truth_clears_the_compiled_cache():
-    from cudashim import callers
-    cudashim.activate("cpu")
+def test_each_activation_decides_who_hears_the_truth_afresh():
+    """The compiled caller cache belongs to the activation: the next one, told otherwise,
+    answers otherwise for the same code."""
     code = compile("answer = t.is_cuda", "mylib.py", "exec")
     namespace = {"__name__": "mylib", "t": torch.ones(1)}
+    cudashim.activate("cpu")
     exec(code, namespace)
     assert namespace["answer"] is True
-    callers.configure({"mylib"})
+    cudashim.deactivate()
+    cudashim.activate("cpu", honest_for="mylib")
     exec(code, namespace)
     assert namespace["answer"] is False
 
@@ -261,10 +263,25 @@ def test_compiled_compression_does_not_depend_on_the_thread_count():
 def test_pure_python_setting_turns_the_compiled_kernels_off(tmp_path):
     # Started outside the checkout, so that it imports the installed package, as the test
     # process does (from the repository root, ``-c`` would import the sources, unbuilt).
-    result = python("-c", "from cudashim.kernels import native; print(native.unavailable())",
+    result = python("-c", "from cudashim.kernels import native; print(native.why_not_used())",
                     env={"CUDASHIM_PURE_PYTHON": "1"}, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "pure_python setting" in result.stdout
+
+
+@needs_compiled
+def test_the_activations_pure_python_setting_reaches_the_host_kernels():
+    """As a keyword, with no variable set: the kernels hear the activation, and deactivation
+    gives them back their own choice."""
+    import numpy as np
+    from cudashim.kernels import packbits
+    flags = torch.arange(64) % 3 == 0
+    assert native.usable()
+    cudashim.activate("cpu", pure_python=True)
+    assert not native.usable() and packbits.implementation("cpu") is packbits.portable
+    assert torch.equal(packbits(flags), torch.from_numpy(np.packbits(flags.numpy())))
+    cudashim.deactivate()
+    assert native.usable() and packbits.implementation("cpu") is not packbits.portable
 
 
 @needs_compiled

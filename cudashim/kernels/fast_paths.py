@@ -81,7 +81,8 @@ def npu_unpack_signs(packed: torch.Tensor, count: Optional[int] = None,
 def register_builtin() -> None:
     for op in ("packbits", "unpackbits", "pack_signs", "unpack_signs"):
         register_kernel(op, "cpu", getattr(native, op), native.unavailable,
-                        "compiled C (cudashim.kernels._native)")
+                        "compiled C (cudashim.kernels._native)",
+                        wanted=lambda: not native.portable_asked())
     register_kernel("packbits", "cuda", cupy_packbits, _cupy_unavailable, "CuPy packbits")
     register_kernel("unpackbits", "cuda", cupy_unpackbits, _cupy_unavailable, "CuPy unpackbits")
     register_kernel("pack_signs", "cuda", cupy_pack_signs, _cupy_unavailable, "CuPy packbits")

@@ -2,7 +2,9 @@
 
 Built by ``pip install`` with the package where a C compiler exists. Used for contiguous
 CPU tensors only; everything else takes the portable torch versions in bits.py, which give
-the same bits. The pure_python setting (``CUDASHIM_PURE_PYTHON=1``) turns them off too.
+the same bits. The pure_python setting (``--pure-python``, ``CUDASHIM_PURE_PYTHON=1``) turns
+them off too: an activation hands its setting here; used without one, the kernels read it
+from the environment, the one place below the activation that does.
 """
 
 from __future__ import annotations
@@ -22,36 +24,53 @@ except ImportError:                      # built without a compiler
 
 
 def unavailable() -> Optional[str]:
-    """None where the compiled kernels run, else why not."""
-    from .._settings import load
+    """None where the compiled kernels can run, else why not."""
     if _native is None:
         return "the compiled kernels were not built (no C compiler at install time)"
     if sys.byteorder != "little":
         return "the compiled kernels read words little-endian; this host is big-endian"
-    if load().pure_python:
-        return "the pure_python setting asks for the portable kernels"
     return None
 
 
-_usable: Optional[bool] = None          # asked once: the setting is read at first use
+# Whether the portable kernels run even where the compiled ones can: handed by an activation
+# (its pure_python setting, through its registry, so deactivation takes it back) or by
+# portable_only(). None: nobody handed a choice (the kernels used as a library), and the
+# pure_python setting of the environment decides, read once.
+handed_portable: Optional[bool] = None
+_environment_portable: Optional[bool] = None
+
+
+def portable_asked() -> bool:
+    global _environment_portable
+    if handed_portable is not None:
+        return handed_portable
+    if _environment_portable is None:
+        from .._settings import load           # the one import up: see the docstring above
+        _environment_portable = load().pure_python
+    return _environment_portable
 
 
 def usable() -> bool:
-    global _usable
-    if _usable is None:
-        _usable = unavailable() is None
-    return _usable
+    """Whether the compiled kernels run now."""
+    return unavailable() is None and not portable_asked()
+
+
+def why_not_used() -> Optional[str]:
+    """None where the compiled kernels run now, else why not."""
+    if portable_asked():
+        return "the pure_python setting asks for the portable kernels"
+    return unavailable()
 
 
 @contextlib.contextmanager
 def portable_only():
     """Run the portable torch versions inside (benchmarks compare the two in one run)."""
-    global _usable
-    saved, _usable = usable(), False
+    global handed_portable
+    saved, handed_portable = handed_portable, True
     try:
         yield
     finally:
-        _usable = saved
+        handed_portable = saved
 
 
 def _threads() -> int:

@@ -20,7 +20,8 @@ log = logging.getLogger(__name__)
 class FastPath:
     function: Callable
     name: str
-    available: Callable[[], Optional[str]]     # None when usable, else why not
+    available: Callable[[], Optional[str]]     # None when usable, else why not (asked once)
+    wanted: Callable[[], bool]                 # asked at each call: a setting may turn it off
     state: Optional[str] = None                # None: not checked yet; "ok"; or the reason
 
 
@@ -40,10 +41,10 @@ class KernelOp:
         self.__name__ = name
 
     def register(self, device_type: str, function: Callable, name: str = None,
-                 available: Callable[[], Optional[str]] = None) -> None:
+                 available: Callable[[], Optional[str]] = None, wanted: Callable[[], bool] = None) -> None:
         self.fast_paths[device_type] = FastPath(
             function, name or getattr(function, "__name__", "fast path"),
-            available or (lambda: None))
+            available or (lambda: None), wanted or (lambda: True))
 
     def implementation(self, device_type: str, device=None) -> Callable:
         fast = self.fast_paths.get(device_type)
@@ -53,7 +54,7 @@ class KernelOp:
             with self._lock:
                 if fast.state is None:
                     fast.state = self._check(fast, device)
-        return fast.function if fast.state == "ok" else self.portable
+        return fast.function if fast.state == "ok" and fast.wanted() else self.portable
 
     def _check(self, fast: FastPath, device) -> str:
         try:
@@ -92,12 +93,14 @@ def define(name: str, portable: Callable, probe: Callable = None, same: Callable
 
 
 def register_kernel(op: str, device_type: str, function: Callable,
-                    available: Callable[[], Optional[str]] = None, name: str = None) -> None:
+                    available: Callable[[], Optional[str]] = None, name: str = None,
+                    wanted: Callable[[], bool] = None) -> None:
     """Register ``function`` as ``op``'s fast path on ``device_type`` (one call, for users
-    and vendors). ``available()`` returns None when it can run here, else the reason."""
+    and vendors). ``available()`` returns None when it can run here, else the reason;
+    ``wanted()``, asked at each call, may turn it off for a while (a setting)."""
     if op not in OPS:
         raise KeyError(f"unknown kernel op '{op}'; known: {', '.join(sorted(OPS))}")
-    OPS[op].register(device_type, function, name, available)
+    OPS[op].register(device_type, function, name, available, wanted)
 
 
 def kernel_info() -> Dict[str, Dict[str, str]]:

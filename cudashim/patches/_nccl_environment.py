@@ -126,10 +126,11 @@ def describe(name: str, libraries: Sequence[str]) -> str:
     return "; ".join(said)
 
 
-def apply(environ, libraries: Sequence[str], set_item, report=None) -> List[Tuple[str, str]]:
+def apply(environ, libraries: Sequence[str], set_item,
+          count=lambda api, became: None) -> List[Tuple[str, str]]:
     """Map every NCCL variable set in ``environ`` for ``libraries`` (the target's, and gloo);
     ``set_item(environ, name, value)`` records what it sets. Returns [(variable, what it
-    became)], also counted in ``report`` under "$NAME"."""
+    became)], also counted (``count``, the report's) under "$NAME"."""
     became = []
     for name in sorted(n for n in environ if n.startswith(("NCCL_", "TORCH_NCCL_"))):
         entry, value = _BY_NAME.get(name), environ[name]
@@ -145,8 +146,7 @@ def apply(environ, libraries: Sequence[str], set_item, report=None) -> List[Tupl
             said = "; ".join(outcomes)
             became.append((name, said))
             log.info("cudashim: %s=%s: %s", name, value, said)
-            if report is not None:
-                report.count(f"${name}", said)
+            count(f"${name}", said)
     return became
 
 

@@ -44,7 +44,6 @@ def install(activation):
     supported = backend.autocast_dtypes()
     translate = activation.translator.type_for("torch.autocast")
     policy = activation.precision
-    report = activation.report
 
     def make_autocast_init(original):
         def __init__(self, device_type, dtype=None, enabled=True, cache_enabled=None):
@@ -53,7 +52,7 @@ def install(activation):
                 asked = torch.float16 if dtype is None else dtype    # CUDA's default dtype
                 dtype = policy.autocast_dtype(asked) if enabled else asked
                 if dtype != asked:
-                    _say_once(backend, report, asked, dtype, policy)
+                    _say_once(activation, asked, dtype, policy)
                 if dtype is None:                  # float32: the region runs without autocast
                     dtype, enabled = asked, False
                     self._cudashim_in_float32 = True
@@ -97,10 +96,11 @@ def _count_float32_regions(activation, regions):
 _said = set()
 
 
-def _say_once(backend, report, asked, became, policy):
+def _say_once(activation, asked, became, policy):
+    backend = activation.backend
     became = "float32 (autocast off)" if became is None else str(became)
-    if report is not None:                     # its own row: torch.autocast's says where it ran
-        report.count(f"torch.autocast(dtype={asked})", became)
+    # its own row: torch.autocast's says where it ran
+    activation.count(f"torch.autocast(dtype={asked})", became)
     if asked not in _said:
         _said.add(asked)
         log.info("cudashim: autocast %s is slow on the '%s' backend; the region runs in %s "

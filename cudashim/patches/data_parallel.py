@@ -15,7 +15,7 @@ import sys
 from ..parallel.apply import parallel_apply_for
 from ..parallel.comm import DeviceComm
 from ..parallel.functions import autograd_functions
-from ..proxy.module import answer_by_caller
+from ..patching.by_caller import answer_by_caller
 
 _PARALLEL = "torch.nn.parallel"
 # The device parameters this group's replacements take. DataParallel, data_parallel and
@@ -59,7 +59,7 @@ def install(activation):
     # The same parser where libraries reach it (Lightning's GPU stats, torch.nn.parallel's
     # callers): CUDA indices, as on CUDA; torch's own modules keep the real one.
     set_attr(module("torch._utils"), "_get_device_index", answer_by_caller(
-        "torch._utils._get_device_index", module("torch._utils")._get_device_index,
-        get_device_index, f"cudashim on {backend.name}", activation.report))
+        activation, "torch._utils._get_device_index", module("torch._utils")._get_device_index,
+        get_device_index, f"cudashim on {backend.name}"))
     set_attr(data_parallel, "_get_devices_properties",
              lambda device_ids: [backend.get_device_properties(i) for i in device_ids])

@@ -4,7 +4,6 @@ import functools
 
 import torch
 
-from ..callers import asked_by_torch
 from ._classproxy import class_proxy
 from .rewriter import DEVICE, DEVICE_TYPE, rewrite
 
@@ -48,6 +47,7 @@ def install(activation):
     activation.registry.set_attr(torch, "Generator", class_proxy(real_generator, construct_generator))
 
     target_type = activation.backend.device_type
+    asked_by_torch = activation.callers.asked_by_torch
 
     def make_get_device_module(original):
         def get_device_module(device=None):

@@ -12,7 +12,8 @@ import weakref
 import torch
 
 from ..backends import staged
-from ..callers import hears_truth
+from ..patching import by_caller
+from ..patching.by_caller import ByCaller
 from . import _nccl_order as nccl_order, _nccl_reductions as nccl_reductions, _nccl_shapes as nccl_shapes
 from . import _ddp_pinned, _sync_batch_norm
 from ._group_exit import NcclGroupExit
@@ -105,7 +106,7 @@ def install(activation):
         return
     import torch.distributed as dist
 
-    target, report = activation.backend, activation.report
+    target = activation.backend
     if target.collective == staged.NAME:
         _register_library(activation, dist, staged.NAME, staged.create, ["cpu", target.device_type])
     spellings = None if activation.settings.is_honest("get_backend") else NcclSpellings()
@@ -113,8 +114,8 @@ def install(activation):
 
     def translated(api, backend):
         new = translate_backend(backend, target)
-        if report is not None and new != backend:
-            report.count(api, new)
+        if new != backend:
+            activation.count(api, new)
         return new
 
     def make_init_process_group(torch_init_process_group):
@@ -185,21 +186,17 @@ def install(activation):
 
     _ddp_pinned.install(activation)
 
-    if spellings is not None:
-        def make_get_backend(original):
+    if spellings is not None:        # torch chooses devices by the real library: it hears it
+        def spelled(original):
             def get_backend(group=None):
                 real = original(group)
-                if hears_truth():       # torch chooses devices by the real library
-                    return real
                 spelling = spellings.spelling(group, group is None or real == original(None))
-                if spelling is None:
-                    return real
-                if report is not None:
-                    report.count("get_backend", f"{spelling} (really {real})")
-                return spelling
-            return functools.wraps(original)(get_backend)
+                return real if spelling is None else spelling
+            return get_backend
 
-        activation.replace(dist, "get_backend", make_get_backend)
+        by_caller.apply(activation, ByCaller("torch.distributed:get_backend",
+                                             lambda _, original: spelled(original),
+                                             became="the backend as the program spelled it"))
 
 
 def _register_library(activation, dist, name, create, devices) -> None:

@@ -20,7 +20,7 @@ def install(activation):
     # Every process group NCCL becomes holds gloo for host tensors, beside the target's library
     # (named without choosing it: choosing may import a vendor's bindings, or find none).
     libraries = _nccl_environment.libraries_of(activation.settings.collective or backend.default_collective)
-    became = _nccl_environment.apply(os.environ, libraries, registry.set_item, activation.report)
+    became = _nccl_environment.apply(os.environ, libraries, registry.set_item, activation.count)
     if any(variable == "NCCL_DEBUG" and "TORCH_DISTRIBUTED_DEBUG=" in said for variable, said in became):
         _debug_level_from_environment(registry)
 

@@ -39,8 +39,7 @@ def install(activation):
         warn_once(f"sdpa-{api}",
                   f"{api}: the '{backend.name}' backend has none of the requested attention "
                   "kernels; falling back to the math kernel")
-        if activation.report is not None:
-            activation.report.count(api, "math kernel fallback")
+        activation.count(api, "math kernel fallback")
         torch.backends.cuda.enable_math_sdp(True)
         try:
             yield

@@ -13,7 +13,6 @@ import functools
 import torch
 
 from .. import legacy_types
-from ..callers import hears_truth
 from .tensors import on_target_check
 
 
@@ -23,7 +22,7 @@ def install(activation):
 
 
 def _tensor_type(activation):
-    settings = activation.settings
+    settings, hears_truth = activation.settings, activation.callers.hears_truth
     on_target = on_target_check(activation.backend)
     translate = activation.translator.for_api("Tensor.type")
     real_to = torch._C.TensorBase.to

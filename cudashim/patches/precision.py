@@ -62,7 +62,7 @@ def install(activation):
             api = f"{getattr(owner, '__name__', owner)}.{name}"
             activation.replace(owner, name, functools.partial(
                 _computed_in_float32, api, first, activation.backend.device_type, cache,
-                activation.report, policy.float32_regions))
+                activation.count, policy.float32_regions))
     if policy.float32_matmul_precision is not None:
         _map_tf32(activation, policy.float32_matmul_precision)
 
@@ -135,14 +135,13 @@ def _quarter_of_memory() -> int:
         return 4 * 2 ** 30
 
 
-def _computed_in_float32(api, first, device_type, cache, report, regions, original):
+def _computed_in_float32(api, first, device_type, cache, count, regions, original):
     def reconciled(args, kwargs):
         """In a CUDA region run in float32: float16 and bfloat16 operands in float32, as
         autocast would have cast them to its dtype; elsewhere torch's judgement stands."""
         if not regions.depth or torch.is_autocast_enabled(device_type):
             return original(*args, **kwargs)
-        if report is not None:
-            report.count(api, "mixed dtypes computed in float32 (autocast region in float32)")
+        count(api, "mixed dtypes computed in float32 (autocast region in float32)")
         return original(*[_float32(value, cache) for value in args],
                         **{name: _float32(value, cache) for name, value in kwargs.items()})
 
@@ -151,8 +150,7 @@ def _computed_in_float32(api, first, device_type, cache, report, regions, origin
             return original(*args, **kwargs)           # autocast's call
         if not _all_half(args, kwargs):
             return reconciled(args, kwargs)
-        if report is not None:
-            report.count(api, "float16 computed in float32")
+        count(api, "float16 computed in float32")
         wide_args = [_wide(value, cache) for value in args]
         wide_kwargs = {name: _wide(value, cache) for name, value in kwargs.items()}
         return original(*wide_args, **wide_kwargs).to(HALF)

@@ -9,7 +9,7 @@ import functools
 
 import torch
 
-from ..errors import UnsupportedCudaAPI, warn_once
+from ..patching.refusal import Refusal
 from .rewriter import PROFILER_ACTIVITIES, rewrite
 
 REWRITES = (
@@ -17,13 +17,14 @@ REWRITES = (
             api="ProfilerActivity.CUDA"),
 )
 
-_API = "torch.autograd.profiler.emit_nvtx"
-_WAY_OUT = "use torch.profiler, which records every op on the target"
+EMIT_NVTX = Refusal("torch.autograd.profiler.emit_nvtx",
+                    "use torch.profiler, which records every op on the target",
+                    harmless=True, nothing="records nothing")
 
 
 def install(activation):
     """emit_nvtx is patched in place (its __enter__/__exit__): the class stays torch's."""
-    backend, settings, report = activation.backend, activation.settings, activation.report
+    backend = activation.backend
     profiler = torch.autograd.profiler
     itt = backend.device_type == "xpu" and torch.profiler.itt.is_available()
 
@@ -36,11 +37,7 @@ def install(activation):
                 self._cudashim_itt = profiler.emit_itt(record_shapes=self.record_shapes)
                 self._cudashim_itt.__enter__()
                 return self
-            if settings.unsupported == "raise":
-                raise UnsupportedCudaAPI(_API, backend.name, _WAY_OUT)
-            warn_once(_API, f"{_API} records nothing on the '{backend.name}' backend ({_WAY_OUT})")
-            if report is not None:
-                report.count(_API, "no-op")
+            EMIT_NVTX.meet(activation)
             return self
         return __enter__
 

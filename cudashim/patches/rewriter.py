@@ -109,13 +109,11 @@ def _profiler_activities(activation, api):
     from torch.profiler import ProfilerActivity
     replacement = activation.backend.profiler_activity
     target = getattr(ProfilerActivity, replacement) if replacement else None
-    report = activation.report
 
     def translate(activities):
         if ProfilerActivity.CUDA not in activities:
             return activities
-        if report is not None:
-            report.count(api, target or "dropped")
+        activation.count(api, target or "dropped")
         kept = [a for a in activities if a != ProfilerActivity.CUDA]
         if target is not None and target not in kept:
             kept.append(target)
@@ -130,11 +128,10 @@ def _pin_memory(activation, api):
     to rewrite) where the target pins."""
     if activation.backend.can_pin_memory():
         return None
-    report = activation.report
 
     def unpinned(pin):
-        if pin and report is not None:
-            report.count(api, "host memory (not pinned)")
+        if pin:
+            activation.count(api, "host memory (not pinned)")
         return False
     return unpinned
 

@@ -10,7 +10,7 @@ import functools
 import torch
 
 from ..backends.host import HostStream
-from ..callers import hears_truth
+from ..patching.by_caller import ByCaller, apply as apply_by_caller
 from .rewriter import DEVICE, apply, compiled_twin, rewrite
 
 REWRITES = (
@@ -56,14 +56,14 @@ def on_target_check(backend):
     return lambda t: t.device.type == device_type
 
 
-def is_cuda_property(real_is_cuda, backend, compiled=None):
+def is_cuda_property(activation, real_is_cuda):
     """``Tensor.is_cuda``: the truth for callers that hear it, else True on the target too."""
     doc = "True for tensors on the target device"
+    backend, compiled, hears_truth = activation.backend, activation.compiled, activation.callers.hears_truth
     if compiled is not None:
-        from ..callers import compiled_truth
         # TensorBase.is_<type> is read in C as a descriptor; otherwise the Python check.
         on_target = builtin_device_getter(backend.device_type) or on_target_check(backend)
-        return compiled.IsCuda(compiled_truth(compiled), real_is_cuda, on_target, doc)
+        return compiled.IsCuda(activation.callers.compiled_cache(compiled), real_is_cuda, on_target, doc)
     on_target, real = on_target_check(backend), real_is_cuda.__get__
 
     def is_cuda(self):
@@ -97,29 +97,17 @@ def install(activation):
 
     if not settings.is_honest("is_cuda"):
         real_is_cuda = vars(torch._C.TensorBase)["is_cuda"]
-        registry.set_attr(T, "is_cuda", is_cuda_property(real_is_cuda, backend, compiled))
-
-        def make_get_device(original):
-            def get_device(self):
-                if on_target(self) and not hears_truth():
-                    # Where CUDA indices share devices, the device's own index is not the
-                    # program's: its current CUDA device is.
-                    return backend.current_device() if backend.shares_devices else original(self)
-                return original(self)
-            return functools.wraps(original)(get_device)
-
-        activation.replace(T, "get_device", make_get_device)
+        registry.set_attr(T, "is_cuda", is_cuda_property(activation, real_is_cuda))
+        if backend.shares_devices:
+            apply_by_caller(activation, ByCaller("torch:Tensor.get_device", _index_the_program_sees))
 
     if backend.can_pin_memory():
         for declaration in PINNING:
             apply(activation, declaration)
     else:
         # Host memory is already where the target computes: pinning is a no-op there.
-        report = activation.report
-
         def pin_memory(self, device=None):
-            if report is not None:
-                report.count("Tensor.pin_memory", "a no-op: host memory is the target's")
+            activation.count("Tensor.pin_memory", "a no-op: host memory is the target's")
             return self
 
         activation.replace(T, "pin_memory", lambda original: functools.wraps(original)(pin_memory))
@@ -144,3 +132,13 @@ def install(activation):
             return functools.wraps(original)(storage_cuda)
         activation.replace(storage_cls, "cuda", make_storage_cuda)
 
+
+
+def _index_the_program_sees(activation, original):
+    """``Tensor.get_device()`` where CUDA indices share devices: the device's own index is
+    not the program's; its current CUDA device is."""
+    backend, on_target = activation.backend, on_target_check(activation.backend)
+
+    def get_device(self):
+        return backend.current_device() if on_target(self) else original(self)
+    return get_device

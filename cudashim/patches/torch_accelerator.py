@@ -19,7 +19,8 @@ import sys
 
 import torch
 
-from ..callers import asking_module, hears_truth
+from ..patching import by_caller
+from ..patching.by_caller import ByCaller
 from .rewriter import DEVICE, apply, rewrite
 
 # torch.accelerator function -> its torch.cuda counterpart. Each takes one device (or index)
@@ -59,6 +60,7 @@ def install(activation):
             apply(activation, declaration)
         return
     translate, real_device = activation.translator.translate, torch._C.device
+    hears_truth = activation.callers.hears_truth
 
     def names_target(device) -> bool:
         """Whether ``device`` means the target: a CUDA spec, an index (a CUDA index in a CUDA
@@ -87,33 +89,25 @@ def install(activation):
     _one_machine(activation)
 
 
+def _cuda():
+    return sys.modules["torch.cuda"]             # the proxy, once it is in
+
+
+# ``current_accelerator``, ``is_available``, ``device_count`` and the current index, as
+# ``torch.cuda`` answers them, for everyone but the honest.
+ONE_MACHINE = tuple(ByCaller(f"torch.accelerator:{name}", answer, optional=True) for name, answer in {
+    "current_accelerator": lambda activation, original: (
+        lambda check_available=False, target=torch._C.device(activation.backend.device_type): target),
+    "is_available": lambda activation, original: lambda: _cuda().is_available(),
+    "device_count": lambda activation, original: lambda: _cuda().device_count(),
+    "current_device_index": lambda activation, original: lambda: _cuda().current_device(),
+    "current_device_idx": lambda activation, original: lambda: _cuda().current_device(),
+}.items())
+
+
 def _one_machine(activation):
-    """``current_accelerator``, ``is_available``, ``device_count`` and the current index, as
-    ``torch.cuda`` answers them, for everyone but the honest."""
-    backend, report = activation.backend, activation.report
-    target = torch._C.device(backend.device_type)
-    cuda = lambda: sys.modules["torch.cuda"]                     # noqa: E731 (the proxy, once in)
-    answers = {
-        "current_accelerator": lambda check_available=False: target,
-        "is_available": lambda: cuda().is_available(),
-        "device_count": lambda: cuda().device_count(),
-        "current_device_index": lambda: cuda().current_device(),
-        "current_device_idx": lambda: cuda().current_device(),
-    }
-    for name, answer in answers.items():
-        if not hasattr(torch.accelerator, name):
-            continue
-
-        def make(original, name=name, answer=answer):
-            @functools.wraps(original)
-            def by_caller(*args, **kwargs):
-                honest = hears_truth()
-                if report is not None:
-                    report.heard(f"torch.accelerator.{name}", asking_module(), honest)
-                return original(*args, **kwargs) if honest else answer(*args, **kwargs)
-            return by_caller
-
-        activation.replace(torch.accelerator, name, make)
+    for declaration in ONE_MACHINE:
+        by_caller.apply(activation, declaration)
 
 
 def _answered_by_cuda(original, counterpart, names_target):

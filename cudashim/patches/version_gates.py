@@ -9,68 +9,46 @@ version answers); torch and the libraries that load native CUDA code hear the tr
 (``callers``).
 """
 
-import functools
 import sys
 import types
 
 import torch
 
-from ..callers import asking_module, hears_truth
 from ..cuda_build import cuda_build
+from ..patching.by_caller import ByCaller, value_by_caller
+
+
+def _cudnn_version(activation, original):
+    version = cuda_build(activation.settings.cuda_version).cudnn
+    return lambda: version
+
+
+BY_CALLER = (
+    ByCaller("torch.backends.cuda:is_built", lambda activation, original: lambda: True,
+             became="True (a CUDA build)"),
+    ByCaller("torch.backends.cudnn:version", _cudnn_version, became=repr),
+    ByCaller("torch.backends.cudnn:is_available", lambda activation, original: lambda: True,
+             became="True"),
+)
 
 
 def install(activation):
-    real_version = torch.version
-    version = _version_module(real_version, activation.settings.cuda_version, activation.report)
+    version = _version_module(activation, torch.version)
     activation.registry.set_item(sys.modules, "torch.version", version)
     activation.registry.set_attr(torch, "version", version)
 
-    report = activation.report
 
-    def make_is_built(original):
-        def is_built():
-            honest = hears_truth()
-            if report is not None:
-                report.heard("torch.backends.cuda.is_built", asking_module(), honest)
-                if not honest:
-                    report.count("torch.backends.cuda.is_built", "True (a CUDA build)")
-            return original() if honest else True
-        is_built.__doc__ = original.__doc__
-        return is_built
-
-    activation.replace(torch.backends.cuda, "is_built", make_is_built)
-    cudnn = cuda_build(activation.settings.cuda_version).cudnn
-    for question, compatible in (("version", cudnn), ("is_available", True)):
-        activation.replace(torch.backends.cudnn, question, functools.partial(
-            _by_who_asks, f"torch.backends.cudnn.{question}", compatible, report))
-
-
-def _by_who_asks(api, compatible, report, original):
-    """``original``'s answer for torch and the honest modules, ``compatible`` for the rest."""
-    @functools.wraps(original)
-    def answer(*args, **kwargs):
-        honest = hears_truth()
-        if report is not None:
-            report.heard(api, asking_module(), honest)
-            if not honest:
-                report.count(api, repr(compatible))
-        return original(*args, **kwargs) if honest else compatible
-    return answer
-
-
-def _version_module(real, cuda_version, report):
+def _version_module(activation, real):
     """A stand-in for ``torch.version``: ``cuda`` answers by who asks; every other name is
     the real module's."""
+    cuda_version = activation.settings.cuda_version
+    cuda = value_by_caller(activation, "torch.version.cuda", lambda: real.cuda, cuda_version,
+                           became=repr(cuda_version))
 
     class VersionModule(types.ModuleType):
         @property
         def cuda(self):
-            honest = hears_truth()
-            if report is not None:
-                report.heard("torch.version.cuda", asking_module(), honest)
-                if not honest:
-                    report.count("torch.version.cuda", repr(cuda_version))
-            return real.cuda if honest else cuda_version
+            return cuda()
 
         def __getattr__(self, name):
             return getattr(real, name)

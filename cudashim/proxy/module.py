@@ -12,8 +12,8 @@ import functools
 import types
 from typing import Dict
 
-from ..callers import asking_module, compiled_truth, hears_truth
-from ..errors import UnsupportedCudaAPI, warn_once
+from ..patching.by_caller import answer_by_caller
+from ..patching.refusal import Refusal, stand_in
 from . import surface
 from .forwarders import forwarded_names, forwarder
 from .implementation import IMPLEMENTATIONS
@@ -62,8 +62,8 @@ def build_proxies(real_top, activation) -> Dict[str, types.ModuleType]:
             continue
         for private in cls.private:
             setattr(proxies[name], private, answer_by_caller(
-                f"{name}.{private}", getattr(by_name[name], private), bound[name][private],
-                f"cudashim on {activation.backend.name}", activation.report, activation.compiled))
+                activation, f"{name}.{private}", getattr(by_name[name], private), bound[name][private],
+                f"cudashim on {activation.backend.name}"))
     return proxies
 
 
@@ -81,34 +81,14 @@ def _bind(real, name, real_top, proxies, bound, activation):
         became = (f"{activation.backend.name} backend" if kind == surface.BACKEND
                   else f"cudashim on {activation.backend.name}")
         if callable(ours) and not isinstance(ours, type) and callable(value):
-            ours = answer_by_caller(qualname, value, ours, became, activation.report,
-                                    activation.compiled)
+            ours = answer_by_caller(activation, qualname, value, ours, became)
         elif isinstance(ours, type) and activation.report is not None:
             ours = counted_class(qualname, ours, became, activation.report)
         return ours
-    return refusal(qualname, way_out, kind == surface.HARMLESS, isinstance(value, type),
-                   activation.backend, activation.settings, activation.report)
-
-
-def answer_by_caller(api, real, ours, became, report=None, compiled=None):
-    """Who hears the truth (torch's own modules, the libraries that load CUDA code: the
-    caller policy) calls the real function, so torch behaves exactly as it does without
-    cudashim (inductor, for one, branches on what torch.cuda raises); the program and its
-    other libraries call ours."""
-    def function(*args, **kwargs):
-        honest = hears_truth()
-        if report is not None:
-            report.heard(api, asking_module(), honest)
-            if not honest:
-                report.count(api, became)
-        return real(*args, **kwargs) if honest else ours(*args, **kwargs)
-
-    function = _named_like(function, ours, real)
-    if compiled is not None and report is None:      # the report counts each call: Python
-        switch = _named_like(compiled.TruthSwitch(compiled_truth(compiled), real, ours), ours, real)
-        switch.python_twin = function
-        return switch
-    return function
+    answer = contextlib.nullcontext if qualname in surface.HARMLESS_CONTEXTS \
+        else surface.HARMLESS_ANSWERS.get(qualname)
+    return stand_in(activation, Refusal(qualname, way_out, harmless=kind == surface.HARMLESS),
+                    is_class=isinstance(value, type), answer=answer)
 
 
 def counted_class(api, cls, became, report):
@@ -138,35 +118,3 @@ def counted_class(api, cls, became, report):
     except TypeError:                                  # a class that cannot be subclassed
         return cls
     return counted
-
-
-def _named_like(function, ours, real):
-    function.__name__ = function.__qualname__ = getattr(real, "__name__", None) or ours.__name__
-    function.__doc__ = ours.__doc__ or getattr(real, "__doc__", None)
-    function.__wrapped__ = ours
-    function.cudashim_answer = ours        # the answer itself, for callers that are never torch's
-    return function
-
-
-def refusal(api, way_out, harmless, is_class, backend, settings, report=None):
-    """A stand-in that raises UnsupportedCudaAPI (or, for harmless APIs under
-    ``unsupported="warn"``, the default, warns once and does nothing)."""
-
-    def refuse(*args, **kwargs):
-        if harmless and settings.unsupported == "warn":
-            warn_once(api, f"{api} does nothing on the '{backend.name}' backend ({way_out})")
-            if report is not None:
-                report.count(api, "no-op")
-            if api in surface.HARMLESS_CONTEXTS:
-                return contextlib.nullcontext()
-            return surface.HARMLESS_ANSWERS.get(api)
-        if report is not None:
-            report.count(api, "refused")
-        raise UnsupportedCudaAPI(api, backend.name, way_out)
-
-    if is_class:                           # keep isinstance() working: a class that refuses to exist
-        short = api.rsplit(".", 1)[1]
-        return type(short, (), {"__new__": lambda cls, *a, **k: refuse(*a, **k),
-                                "__module__": api.rsplit(".", 1)[0]})
-    refuse.__name__ = refuse.__qualname__ = api.rsplit(".", 1)[1]
-    return refuse

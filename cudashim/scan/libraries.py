@@ -1,9 +1,9 @@
 """Code no runtime shim can carry over, found by what it imports or names.
 
-These are the scanner's own tables: the runtime has nothing to redirect here, because each
-entry is native CUDA code (a library of CUDA kernels, a CUDA library loaded by hand, NVIDIA's
-tools) rather than a torch API. Where the runtime does redirect, the scanner reads the
-runtime's tables instead (``target.py``).
+The libraries come from the one library table (``cudashim/tables/libraries.py``), which the
+caller policy and the stand-ins read too; the rest are the scanner's own rules for native CUDA
+code (kernel decorators, CUDA libraries loaded by hand, NVIDIA's tools). Where the runtime
+redirects, the scanner reads the runtime's tables (``target.py``).
 """
 
 from __future__ import annotations
@@ -11,36 +11,11 @@ from __future__ import annotations
 import re
 from typing import Dict, Optional, Tuple
 
-_SDPA = "torch.nn.functional.scaled_dot_product_attention"
-_FUSED_OPTIMIZERS = "torch.optim.AdamW(fused=True) or foreach optimizers"
+from ..tables.libraries import LIBRARIES, library_of
 
 # import name (matched with its submodules) -> (what it is, the way out)
 CUDA_ONLY_LIBRARIES: Dict[str, Tuple[str, str]] = {
-    "flash_attn": ("FlashAttention's CUDA kernels",
-                   f"call {_SDPA}, or load transformers models with attn_implementation='sdpa'"),
-    "xformers": ("xformers' CUDA attention kernels", f"call {_SDPA} with the bias as attn_mask"),
-    "apex": ("NVIDIA apex's fused CUDA extensions",
-             f"use {_FUSED_OPTIMIZERS}, torch.nn.LayerNorm/RMSNorm and torch.amp"),
-    "amp_C": ("apex's multi-tensor CUDA kernels", "use torch._foreach_* operations"),
-    "fused_layer_norm_cuda": ("apex's fused layer norm kernels", "use torch.nn.LayerNorm"),
-    "transformer_engine": ("Transformer Engine's CUDA kernels", "use the torch.nn modules it wraps"),
-    "mamba_ssm": ("Mamba's selective-scan CUDA kernels", "use a reference (torch) implementation"),
-    "causal_conv1d": ("causal-conv1d's CUDA kernels", "use torch.nn.functional.conv1d with padding"),
-    "auto_gptq": ("AutoGPTQ's CUDA kernels", "load an unquantized or a target-supported checkpoint"),
-    "awq": ("AutoAWQ's CUDA kernels", "load an unquantized or a target-supported checkpoint"),
-    "exllamav2": ("ExLlamaV2's CUDA kernels", "use a torch inference path"),
-    "cupy": ("CuPy, which runs on the CUDA runtime", "write the array code with torch or numpy"),
-    "numba.cuda": ("numba's CUDA kernels", "write the kernel with torch operations or numba on the CPU"),
-    "pycuda": ("PyCUDA, which drives the CUDA driver", "write the kernel with torch operations"),
-    "cuda": ("NVIDIA's cuda-python bindings", "use the torch.cuda API, which cudashim redirects"),
-    "tensorrt": ("TensorRT, NVIDIA's inference runtime", "run the torch model, or torch.compile it"),
-    "torch_tensorrt": ("Torch-TensorRT, NVIDIA's inference compiler", "use torch.compile"),
-    "pynvml": ("NVML, NVIDIA's management library",
-               "ask torch.cuda (device_count, get_device_name, mem_get_info, memory_allocated), "
-               "which cudashim answers for the target"),
-    "nvidia_smi": ("NVML, NVIDIA's management library", "ask torch.cuda's memory functions"),
-    "GPUtil": ("GPUtil, which reads nvidia-smi", "ask torch.cuda's memory functions"),
-}
+    name: (library.what, library.way_out) for name, library in LIBRARIES.items() if library.way_out}
 
 # Kernel decorators: the qualified prefix -> the kernel language
 KERNEL_DECORATORS: Dict[str, str] = {"triton.": "triton", "numba.cuda.": "cuda"}
@@ -55,10 +30,10 @@ _CUDA_LIBRARY_FILE = re.compile(
 
 def cuda_only_library(module: str) -> Optional[Tuple[str, str, str]]:
     """(the table's name, what, way out) when ``module`` is, or is inside, a CUDA-only library."""
-    for name, (what, way_out) in CUDA_ONLY_LIBRARIES.items():
-        if module == name or module.startswith(name + "."):
-            return name, what, way_out
-    return None
+    library = library_of(module)
+    if library is None or library.way_out is None:
+        return None
+    return library.name, library.what, library.way_out
 
 
 def cuda_library_file(text: str, bare_names: bool) -> Optional[str]:

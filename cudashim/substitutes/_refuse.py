@@ -5,13 +5,12 @@ from __future__ import annotations
 from typing import Callable, Mapping
 
 from ..errors import UnsupportedCudaImport
+from . import serving_activation
 
 
 def backend_name() -> str:
-    from ..activation import current_backend
-
-    backend = current_backend()
-    return backend.name if backend is not None else "cpu"
+    activation = serving_activation()
+    return activation.backend.name if activation is not None else "cpu"
 
 
 def refusal(api: str, way_out: str) -> UnsupportedCudaImport:

@@ -37,7 +37,8 @@ import threading
 import types
 from typing import Dict, Iterable, Iterator, Tuple
 
-from . import LIBRARIES, Library, probes, provides, source_of
+from ..tables.libraries import LIBRARIES as TABLE, StandIn
+from . import LIBRARIES, probes, provides, source_of
 from ._refuse import refusal
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ class StandInDistribution(importlib.metadata.Distribution):
     """The metadata a stand-in answers to: its distribution name, a version with the
     ``+cudashim`` local label, and the import names it provides."""
 
-    def __init__(self, library: Library):
+    def __init__(self, library: StandIn):
         self.library = library
 
     def read_text(self, filename):
@@ -85,24 +86,23 @@ class _RefusingLoader(importlib.abc.Loader):
     """For a part of a library its stand-in does not provide: importing it raises
     ``UnsupportedCudaImport`` (an ImportError), naming the way out."""
 
-    def __init__(self, library: Library):
+    def __init__(self, library: StandIn):
         self.library = library
 
     def create_module(self, spec):
         return None
 
     def exec_module(self, module):
-        from ..scan.libraries import CUDA_ONLY_LIBRARIES       # the one table of ways out
-
-        way_out = CUDA_ONLY_LIBRARIES[self.library.name][1]
+        way_out = TABLE[self.library.name].way_out
         raise refusal(module.__name__, f"it provides {self.library.substituted}; instead, {way_out}")
 
 
 class SubstituteFinder(importlib.abc.MetaPathFinder):
     def __init__(self, activation, enabled: Iterable[str]):
         self.activation = activation
+        self.serving_for = activation              # what the stand-ins it serves ask about
         self.device = activation.backend.target_device(0)
-        self.by_module: Dict[str, Library] = {module: LIBRARIES[name] for name in enabled
+        self.by_module: Dict[str, StandIn] = {module: LIBRARIES[name] for name in enabled
                                               for module in LIBRARIES[name].modules}
         self.decisions: Dict[str, importlib.machinery.ModuleSpec] = {}
         self.served: Dict[str, str] = {}       # import name -> why the stand-in was served
@@ -136,7 +136,7 @@ class SubstituteFinder(importlib.abc.MetaPathFinder):
             if real is None or name in self.decisions:
                 continue
             with self._lock:
-                why_not = probes.why_not_working(library.name, real, self.device) \
+                why_not = probes.why_not_working(library, real, self.device) \
                     if name == library.modules[0] else None
                 if why_not is None:
                     self.kept[name] = "the real package, imported before activation, works on the target"
@@ -154,7 +154,7 @@ class SubstituteFinder(importlib.abc.MetaPathFinder):
                     log.debug("cudashim: %s.%s keeps the real %s: %s",
                               owner.__name__, attribute, name, exc)
 
-    def _decide(self, library: Library, name: str):
+    def _decide(self, library: StandIn, name: str):
         if self._real_spec(name) is None:
             return self._serve(library, name, "the real package is not installed")
         self._trying.add(name)
@@ -165,7 +165,7 @@ class SubstituteFinder(importlib.abc.MetaPathFinder):
             return self._serve(library, name, why.splitlines()[0][:200])
         finally:
             self._trying.discard(name)
-        why_not = probes.why_not_working(library.name, module, self.device) \
+        why_not = probes.why_not_working(library, module, self.device) \
             if name == library.modules[0] else None
         if why_not is not None:
             return self._serve(library, name, f"the real package {why_not}")
@@ -184,7 +184,7 @@ class SubstituteFinder(importlib.abc.MetaPathFinder):
                 return spec
         return None
 
-    def _serve(self, library: Library, name: str, why: str):
+    def _serve(self, library: StandIn, name: str, why: str):
         _forget(name)                          # what a failed real import left behind
         self.served[name] = why
         log.info("cudashim: serving its %s stand-in for %r: %s", library.name, name, why)

@@ -208,20 +208,23 @@ def __getattr__(name: str):
 _initialized = 0
 
 
-def _backend():
-    from cudashim.activation import current_backend
+def _activation():
+    from cudashim.substitutes import serving_activation
 
-    backend = current_backend()
-    if backend is None:
+    activation = serving_activation()
+    if activation is None:
         _fail("LIBRARY_NOT_FOUND")
-    return backend
+    return activation
+
+
+def _backend():
+    return _activation().backend
 
 
 def _build():
-    from cudashim.activation import current_activation
     from cudashim.cuda_build import cuda_build
 
-    return cuda_build(current_activation().settings.cuda_version)
+    return cuda_build(_activation().settings.cuda_version)
 
 
 def _initialized_or_fail() -> None:
