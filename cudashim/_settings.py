@@ -218,7 +218,7 @@ OPTIONS: Tuple[Option, ...] = (
            help="run the pure-Python wrappers even where the compiled fast path was built "
                 "(they behave the same; the compiled ones cost less per call)"),
     Option("disable", "CUDASHIM_DISABLE", frozenset(),
-           _name_set(lambda: patches.GROUPS, "patch group(s)"), metavar="GROUP[,GROUP]",
+           _name_set(patches.names, "patch group(s)"), metavar="GROUP[,GROUP]",
            format=_format_set,
            help="leave these patch groups off (`cudashim doctor` lists them): "
                 + ", ".join(patches.GROUPS)),
@@ -232,6 +232,12 @@ def env_var(name: str) -> str:
 
 
 class _SettingsMethods:
+    @staticmethod
+    def spelled(name: str, value: str) -> str:
+        """How a user sets setting ``name`` to ``value``: its flag, and its variable."""
+        option = BY_NAME[name]
+        return f"{option.flag} {value} ({option.env}={value})"
+
     def is_honest(self, question: str) -> bool:
         return question in self.honest
 

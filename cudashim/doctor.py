@@ -19,8 +19,14 @@ from .kernels import native
 from .backends.base import module_found
 from .errors import BackendUnavailableError
 
-VENDOR_PACKAGES = ("intel_extension_for_pytorch", "oneccl_bindings_for_pytorch", "torch_npu",
-                   "habana_frameworks.torch", "cupy")
+def vendor_packages():
+    """The packages the backends use where installed, each once, in the backends' order."""
+    found = {}
+    for name in backends.names():
+        cls = backends.backend_class(name)
+        found.update(dict.fromkeys((cls.vendor_package,) if cls.vendor_package else ()))
+        found.update(dict.fromkeys(cls.optional_packages))
+    return tuple(found)
 
 
 def self_check() -> None:
@@ -148,7 +154,7 @@ def doctor(settings) -> int:
     for name, state in backends.survey().items():
         out(f"  {name:6s} {state}\n")
     out("vendor packages:\n")
-    for package in VENDOR_PACKAGES:
+    for package in vendor_packages():
         out(f"  {package:30s} {'found' if module_found(package) else 'not installed'}\n")
 
     # Asked before activating: active, the import hook answers for the stand-ins.
@@ -183,7 +189,7 @@ def doctor(settings) -> int:
                 f"{native.why_not_used() or 'compiled (cudashim.kernels._native)'}\n")
             out(f"{speedups.fast_path(settings)}\n")
             out("patch groups:\n")
-            width = max(map(len, patches.GROUPS))
+            width = max(map(len, patches.names()))
             for name, off in patches.states(settings):
                 out(f"  {name:{width}s} {'on' if off is None else 'off: ' + off}  ({patches.summary(name)})\n")
             if not backend.redirects:

@@ -21,7 +21,7 @@ def test_every_declaration_names_a_target_this_torch_has_and_activation_patches_
     import wrapt
     registry = shim.activation.current_activation().registry
     targets = {declaration.target for _, declaration in declarations()}
-    assert {"torch:zeros", "torch:Tensor.to", "torch:load", "torch.nn:Module.to"} <= targets
+    assert {"torch:zeros", "torch:Tensor.to", "torch.nn:Module.to"} <= targets
     for group, declaration in declarations():
         module = importlib.import_module(declaration.module)   # deferred ones are patched on import
         owner, name, _ = wrapt.resolve_path(module, declaration.path)
@@ -120,3 +120,35 @@ def test_the_launcher_option_reaches_the_program_and_its_children():
     result = python("-m", "cudashim", "--disable", "profiler", "-c", code)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["False", "True", "profiler", "['profiler']"]
+
+
+def test_a_package_adds_a_patch_group_through_an_entry_point(tmp_path):
+    """A package registers ``cudashim.patch_groups``: activation applies it after the built-in
+    groups, deactivation undoes it, ``--disable`` turns it off, and doctor lists it."""
+    (tmp_path / "answer_group.py").write_text(
+        '"""The program\'s own library answers 42 under cudashim."""\n'
+        "import answer_library\n"
+        "def install(activation):\n"
+        "    activation.replace(answer_library, 'answer', lambda original: lambda: 42)\n")
+    (tmp_path / "answer_library.py").write_text("def answer():\n    return 0\n")
+    dist_info = tmp_path / "answer_group-1.0.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: answer-group\nVersion: 1.0\n")
+    (dist_info / "entry_points.txt").write_text("[cudashim.patch_groups]\nanswer = answer_group\n")
+    code = ("import sys, torch, cudashim, answer_library\n"
+            "from cudashim import patches\n"
+            "cudashim.activate('cpu', disable=sys.argv[1:])\n"
+            "print(patches.names()[-1], answer_library.answer())\n"
+            "cudashim.deactivate()\n"
+            "print(answer_library.answer())\n")
+    env = {"PYTHONPATH": str(tmp_path)}
+    applied = python("-c", code, env=env)
+    assert applied.returncode == 0, applied.stderr
+    assert applied.stdout.split() == ["answer", "42", "0"]
+    disabled = python("-c", code, "answer", env=env)
+    assert disabled.returncode == 0, disabled.stderr
+    assert disabled.stdout.split() == ["answer", "0", "0"]
+    doctor = python("-c", "from cudashim.cli import main; main()", "doctor", "--disable", "answer", env=env)
+    assert doctor.returncode == 0, doctor.stderr
+    line = next(line for line in doctor.stdout.splitlines() if line.split()[:1] == ["answer"])
+    assert "off: disabled by the setting" in line and "answers 42 under cudashim" in line

@@ -1,32 +1,34 @@
 """The backend table and detection.
 
-``BUILT_IN`` maps every name cudashim ships to its class; ``DETECTION_ORDER`` is the order in
-which ``auto`` tries them. A built-in backend joins both here and nowhere else.
+``BUILT_IN`` maps every name cudashim ships to its class, in the order in which ``auto``
+tries them. A built-in backend is its module and its line here: what else knows backends (the
+command line, ``doctor``'s list of vendor packages) reads the classes.
 
 A vendor package adds a backend without editing cudashim by declaring an entry point in the
-group ``cudashim.backends`` (``name = "package.module:BackendClass"``), as torch's own
-``torch.backends`` entry points and DeepSpeed's ``set_accelerator`` let vendors plug in.
-Such backends are tried after the built-in vendors and before the generic ``accelerator``
-backend, which then leaves their device type to them. Entry points are read only when a
-name is not built in or when ``auto`` detects, never by a Python that does not ask.
+group ``cudashim.backends`` (``name = "package.module:BackendClass"``, ``plugins.py``). Such
+backends are tried after the built-in vendors and before the generic ``accelerator`` backend,
+which then leaves their device type to them. Entry points are read only when a name is not
+built in or when ``auto`` detects, never by a Python that does not ask.
 """
 
 from __future__ import annotations
 
-import functools
 import importlib
 import logging
 from typing import Dict, Tuple, Type
 
+from .. import plugins
 from ..errors import BackendUnavailableError, UnknownBackendError
 
 log = logging.getLogger(__name__)
 
 AUTO = "auto"
-ENTRY_POINT_GROUP = "cudashim.backends"
 
 # name -> "module:Class" (relative to this package), imported only when tried, so no
-# backend's vendor package is imported unless that backend is used.
+# backend's vendor package is imported unless that backend is used. The order is detection's:
+# an explicit setting first (handled by resolve), then real CUDA (pass-through), XPU, NPU,
+# HPU, MPS, backends from entry points, any other accelerator torch.accelerator reports, and
+# the CPU last.
 BUILT_IN: Dict[str, str] = {
     "cuda": ".cuda:CUDABackend",
     "xpu": ".xpu:XPUBackend",
@@ -36,30 +38,12 @@ BUILT_IN: Dict[str, str] = {
     "accelerator": ".accelerator:AcceleratorBackend",
     "cpu": ".cpu:CPUBackend",
 }
-
-# Explicit setting first (handled by resolve), then real CUDA (pass-through), XPU, NPU,
-# HPU, MPS, backends from entry points, any other accelerator torch.accelerator reports,
-# and the CPU last.
-DETECTION_ORDER: Tuple[str, ...] = ("cuda", "xpu", "npu", "hpu", "mps", "accelerator", "cpu")
 GENERIC = "accelerator"
 
 
-@functools.lru_cache(maxsize=None)
 def from_entry_points() -> Dict[str, str]:
     """name -> "module:Class" for every backend a package registered (read once)."""
-    from importlib.metadata import entry_points
-    try:
-        found = entry_points(group=ENTRY_POINT_GROUP)
-    except TypeError:                                  # Python 3.9: a dict of groups
-        found = entry_points().get(ENTRY_POINT_GROUP, ())
-    table = {}
-    for entry in found:
-        if entry.name in BUILT_IN or entry.name == AUTO:
-            log.warning("cudashim: ignoring the backend entry point %r: the name is built in",
-                        entry.value)
-            continue
-        table[entry.name] = entry.value
-    return table
+    return plugins.registered(plugins.BACKENDS, (*BUILT_IN, AUTO))
 
 
 def table() -> Dict[str, str]:
@@ -73,9 +57,9 @@ def names() -> Tuple[str, ...]:
 
 def detection_order() -> Tuple[str, ...]:
     """The built-in order, with entry-point backends just before the generic one."""
-    extra = tuple(from_entry_points())
-    generic = DETECTION_ORDER.index(GENERIC)
-    return DETECTION_ORDER[:generic] + extra + DETECTION_ORDER[generic:]
+    built_in = tuple(BUILT_IN)
+    generic = built_in.index(GENERIC)
+    return built_in[:generic] + tuple(from_entry_points()) + built_in[generic:]
 
 
 def check_name(name: str) -> str:

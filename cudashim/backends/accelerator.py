@@ -20,7 +20,6 @@ from typing import Optional, Tuple
 
 import torch
 
-from .._settings import env_var
 from ..errors import invalid_device_ordinal, warn_once
 from . import host, staged
 from .base import Backend
@@ -108,7 +107,7 @@ class AcceleratorBackend(Backend):
         if not 0 <= index < self._count:
             raise invalid_device_ordinal(
                 index, self._count, f"the '{self.device_type}' target",
-                f"run with --device-count N ({env_var('device_count')}=N) for N CUDA devices "
+                f"run with {self.settings.spelled('device_count', 'N')} for N CUDA devices "
                 "sharing them")
 
     def _real(self, index: Optional[int]) -> Optional[int]:

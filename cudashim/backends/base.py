@@ -47,6 +47,9 @@ class Backend:
     default_collective: ClassVar[str] = "gloo"  # torch.distributed backend replacing NCCL
     visible_devices_var: ClassVar[Optional[str]] = None   # vendor's CUDA_VISIBLE_DEVICES
     vendor_package: ClassVar[Optional[str]] = None        # import name, when one is needed
+    # Other packages it uses where they are installed (a collective library, kernels):
+    # doctor says whether each is there.
+    optional_packages: ClassVar[Tuple[str, ...]] = ()
     install_hint: ClassVar[str] = ""          # how to install the vendor package
     # How to tell a user whose machine lacks the device; the backend fills in the details.
     device_hint: ClassVar[str] = ""

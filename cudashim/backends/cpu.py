@@ -19,7 +19,6 @@ from typing import Optional, Tuple
 
 import torch
 
-from .._settings import env_var
 from ..errors import invalid_device_ordinal
 from .base import Backend
 from .host import DeviceProperties, HostStreams
@@ -76,7 +75,7 @@ class CPUBackend(HostStreams, Backend):
         if not 0 <= index < self._count:
             raise invalid_device_ordinal(
                 index, self._count, "cudashim's cpu backend",
-                f"run with --device-count N ({env_var('device_count')}=N) or CUDA_VISIBLE_DEVICES "
+                f"run with {self.settings.spelled('device_count', 'N')} or CUDA_VISIBLE_DEVICES "
                 "for N virtual devices")
 
     def current_device(self) -> int:

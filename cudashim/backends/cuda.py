@@ -11,6 +11,7 @@ class CUDABackend(Backend):
     name = "cuda"
     device_type = "cuda"
     kernel_languages = ("cuda", "triton")
+    optional_packages = ("cupy",)                 # cudashim.kernels' fast paths on CUDA
     default_collective = "nccl"
     visible_devices_var = None
     redirects = False

@@ -21,6 +21,7 @@ ONECCL = "oneccl_bindings_for_pytorch"
 class XPUBackend(Backend):
     name = "xpu"
     device_type = "xpu"
+    optional_packages = (IPEX, ONECCL)
     deepspeed_accelerator = "xpu"
     kernel_languages = ("triton",)
     default_collective = "xccl"

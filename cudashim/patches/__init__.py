@@ -17,13 +17,19 @@ libraries let users disable one integration; ``cudashim doctor`` lists which are
 order matters only where one group's replacement calls another's: the proxy ``torch.cuda``
 goes in after the device and AMP patches it relies on.
 
-This module imports no torch: settings check group names against ``GROUPS``.
+Another package adds a group without editing cudashim: an entry point in
+``cudashim.patch_groups`` names its module (``plugins.py``). Such groups are applied after the
+built-in ones, in the order the entry points come, and ``--disable`` and ``doctor`` know them.
+
+This module imports no torch: settings check group names against ``names()``.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
+
+from .. import plugins
 
 GROUPS: Tuple[str, ...] = (
     "torchscript",     # first: its builtin table follows every replacement the others make
@@ -55,8 +61,20 @@ GROUPS: Tuple[str, ...] = (
 DEFAULT_SUPPORTED_TORCH = ("2.4", None)
 
 
+def from_entry_points() -> Dict[str, str]:
+    """name -> module, for every group another package registered."""
+    return plugins.registered(plugins.PATCH_GROUPS, GROUPS)
+
+
+def names() -> Tuple[str, ...]:
+    """Every group, in the order applied: the built-in ones, then those from entry points."""
+    return GROUPS + tuple(from_entry_points())
+
+
 def group_module(name: str):
-    return importlib.import_module(f"{__name__}.{name}")
+    if name in GROUPS:
+        return importlib.import_module(f"{__name__}.{name}")
+    return importlib.import_module(from_entry_points()[name])
 
 
 def summary(name: str) -> str:
@@ -87,7 +105,7 @@ def off_reason(name: str, settings) -> Optional[str]:
 
 def states(settings) -> List[Tuple[str, Optional[str]]]:
     """[(group, why it is off or None)] in the order they are applied."""
-    return [(name, off_reason(name, settings)) for name in GROUPS]
+    return [(name, off_reason(name, settings)) for name in names()]
 
 
 def apply_all(activation) -> None:
