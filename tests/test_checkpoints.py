@@ -24,7 +24,7 @@ def cuda_checkpoint(tmp_path):
 
 
 @pytest.mark.parametrize("map_location", [
-    None, "cuda", "cuda:0", 0, "cpu", "__device__", "__dict__", "__lambda__", "__lambda_none__"])
+    None, "cuda", "cuda:0", "cpu", "__device__", "__dict__", "__lambda__", "__lambda_none__"])
 def test_cuda_tagged_storages_load_onto_the_target(cuda_checkpoint, shim, map_location):
     map_location = {
         "__device__": torch.device("cuda:0"),
@@ -49,3 +49,29 @@ def test_what_is_saved_under_the_shim_loads_with_plain_torch_bit_for_bit(shim, t
             "assert t.numpy().tobytes() == e.numpy().tobytes(); print('ok')")
     result = python("-c", code)
     assert result.stdout.strip() == "ok", result.stderr
+
+
+def test_torch_package_restores_cuda_tagged_storages_and_deactivation_forgets_how(cuda_checkpoint, tmp_path):
+    """The deserializer is torch's own hook (register_package): ``torch.package`` reaches it
+    too, and deactivation leaves torch's list of deserializers as it was."""
+    import torch.serialization as serialization
+    from torch.package import PackageExporter, PackageImporter
+
+    import cudashim
+    before = list(serialization._package_registry)
+    package = tmp_path / "weights.pt"
+    original = serialization.location_tag
+    serialization.location_tag = lambda storage: "cuda:0"
+    try:
+        with PackageExporter(package) as exporter:
+            exporter.save_pickle("weights", "w.pkl", {"w": torch.arange(4.0)})
+    finally:
+        serialization.location_tag = original
+    cudashim.activate("cpu")
+    loaded = PackageImporter(package).load_pickle("weights", "w.pkl")
+    assert loaded["w"].is_cuda and torch.equal(loaded["w"], torch.arange(4.0))
+    assert torch.load(cuda_checkpoint)["step"] == 5
+    cudashim.deactivate()
+    assert serialization._package_registry == before
+    with pytest.raises(RuntimeError):
+        torch.load(cuda_checkpoint)

@@ -92,6 +92,7 @@ UNTOUCHED_BECAUSE: Dict[str, str] = {
 
 
 _HANDED_TO_FACTORIES = "handed to torch's factories, which translate"
+_DESERIALIZERS = "torch's registered deserializers, to which the 'serialization' group adds one for CUDA"
 _TO_PARALLEL = ("handed to nn.parallel's device index, scatter, gather, broadcast and "
                 "parallel_apply, which the 'data_parallel' group replaces")
 
@@ -105,6 +106,10 @@ DELEGATED_TO: Dict[str, str] = {
     "torch.optim.swa_utils:update_bn(device)": "Tensor.to, for every batch",
     "torch.optim.swa_utils:AveragedModel.__init__(device)": "Module.to",
     "torch.hub:load_state_dict_from_url(map_location)": "torch.load",
+    # torch hands every map_location form to its registered deserializers, one of which the
+    # 'serialization' group registers for storages tagged cuda:N.
+    "torch:load(map_location)": _DESERIALIZERS,
+    "torch.package.package_importer:PackageImporter.load_pickle(map_location)": _DESERIALIZERS,
     **{f"torch.nn.parallel:{entry}": _TO_PARALLEL for entry in (
         "DataParallel.__init__(device_ids)", "DataParallel.__init__(output_device)",
         "DataParallel.replicate(device_ids)", "DataParallel.scatter(device_ids)",

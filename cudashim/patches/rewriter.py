@@ -74,35 +74,6 @@ def _bound_indices(activation, api):
     return lambda indices: indices
 
 
-def _map_location(activation, api):
-    """``torch.load``'s map_location in every form: None, a device spec, a dict of tags, a
-    function; storages tagged ``cuda:N`` are restored onto the target."""
-    import torch.serialization
-    translate = activation.translator.for_api(api)
-    default_restore = torch.serialization.default_restore_location
-
-    def restore(storage, location):
-        # location is a tag such as "cuda:1"; parse it, never match it as a substring
-        target = translate(location)
-        return default_restore(storage, location if target is location else str(target))
-
-    def map_location_for(map_location):
-        if map_location is None:
-            return restore
-        if isinstance(map_location, (str, int, _REAL_DEVICE)):
-            return translate(map_location)
-        if isinstance(map_location, dict):
-            return lambda storage, location: restore(storage, map_location.get(location, location))
-        if callable(map_location):
-            def called(storage, location):
-                result = map_location(storage, location)
-                return restore(storage, location) if result is None else result
-            return called
-        return map_location
-
-    return map_location_for
-
-
 def _profiler_activities(activation, api):
     """``ProfilerActivity.CUDA`` becomes the target's activity, or is dropped where there is
     none: left in on a build without CUDA, the profiler logs a failure on every op."""
@@ -143,7 +114,6 @@ BOUND_DEVICE = Kind("bound device", _bound_device)
 EAGER_DEVICE = Kind("eagerly connected device", _eager_device)
 BOUND_DEVICES = Kind("bound devices", _bound_devices)
 BOUND_INDICES = Kind("bound device indices", _bound_indices)
-MAP_LOCATION = Kind("map_location", _map_location)
 PROFILER_ACTIVITIES = Kind("profiler activities", _profiler_activities)
 PIN_MEMORY = Kind("pin_memory", _pin_memory)
 
