@@ -79,7 +79,7 @@ def kernel_gaps(settings) -> int:
                           for d in sorted(dtypes, key=str))
         also = f"  (also Tensor.{', Tensor.'.join(methods)})" if methods else ""
         out(f"  {owner.__name__ + '.' + attribute:{width}s}  {fills}{also}\n")
-    from .kernels.dtype_gaps import UNFILLED
+    from .tables.dtype_gaps import UNFILLED
     from .kernels.gap_fill import why_not_filled
     if UNFILLED:
         import textwrap

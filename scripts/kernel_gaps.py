@@ -1,4 +1,4 @@
-"""Generate ``cudashim/kernels/dtype_gaps.py``: the dtypes CUDA kernels accept that the CPU's
+"""Generate ``cudashim/tables/dtype_gaps.py``: the dtypes CUDA kernels accept that the CPU's
 reject, per public torch function, from torch's own operator database.
 
     python scripts/kernel_gaps.py            # rewrite the table
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-TABLE = Path(__file__).resolve().parent.parent / "cudashim" / "kernels" / "dtype_gaps.py"
+TABLE = Path(__file__).resolve().parent.parent / "cudashim" / "tables" / "dtype_gaps.py"
 # Where OpInfo names live as public torch functions ("fft.fft" is torch.fft.fft).
 NAMESPACES = ("", "fft.", "nn.functional.", "special.", "linalg.")
 HEADER = '''"""The dtypes CUDA kernels accept and the CPU's reject, per public torch function.

@@ -4,25 +4,26 @@ import types
 
 import torch
 
-from cudashim.proxy import surface
+from cudashim.proxy.surface import classify
+from cudashim.tables import cuda_surface
 from cudashim.proxy.forwarders import forwarded_names
 from cudashim.proxy.implementation import IMPLEMENTATIONS
 
 
 def test_every_public_name_is_classified():
     missing = []
-    for module in surface.real_submodules(torch.cuda):
-        for name in surface.public_names(module):
-            if surface.classify(torch.cuda, module, name) is None:
+    for module in cuda_surface.real_submodules(torch.cuda):
+        for name in cuda_surface.public_names(module):
+            if classify(torch.cuda, module, name) is None:
                 missing.append(f"{module.__name__}.{name}")
-    assert missing == [], f"classify these in cudashim/proxy/surface.py: {missing}"
+    assert missing == [], f"classify these in cudashim/tables/cuda_surface.py: {missing}"
 
 
 def _sources():
     """{module name: {name: where cudashim declares it}} over the table, the
     implementations and the Backend's torch.cuda methods."""
     sources = {}
-    for module_name, names in surface.SURFACE.items():
+    for module_name, names in cuda_surface.SURFACE.items():
         for name in names:
             sources.setdefault(module_name, {}).setdefault(name, []).append("surface table")
     for module_name, cls in IMPLEMENTATIONS.items():
@@ -35,7 +36,7 @@ def _sources():
 
 def test_names_declared_by_cudashim_exist_in_torch():
     """A name torch removed should leave the table, the implementation or the Backend too."""
-    reals = {m.__name__: m for m in surface.real_submodules(torch.cuda)}
+    reals = {m.__name__: m for m in cuda_surface.real_submodules(torch.cuda)}
     stale = [f"{module_name}.{name} ({', '.join(where)})"
              for module_name, names in _sources().items() for name, where in names.items()
              if module_name not in reals or not hasattr(reals[module_name], name)]
@@ -55,13 +56,13 @@ def test_each_name_has_one_source():
 def test_every_name_resolves_on_the_proxy(shim):
     real_top = shim.get_original(torch, "cuda")
     import sys
-    for module in surface.real_submodules(real_top):
+    for module in cuda_surface.real_submodules(real_top):
         proxy = sys.modules[module.__name__]
         assert proxy is not module
-        for name in surface.public_names(module):
+        for name in cuda_surface.public_names(module):
             value = getattr(proxy, name)
-            kind, _ = surface.classify(real_top, module, name)
-            if kind in (surface.BACKEND, surface.SHIM) and callable(value):
+            kind, _ = classify(real_top, module, name)
+            if kind in (cuda_surface.BACKEND, cuda_surface.SHIM) and callable(value):
                 assert value is not getattr(module, name), f"{module.__name__}.{name} not replaced"
-            if kind == surface.SUBMODULE:
+            if kind == cuda_surface.SUBMODULE:
                 assert isinstance(value, types.ModuleType) and value is sys.modules[value.__name__]

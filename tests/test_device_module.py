@@ -8,7 +8,7 @@ from conftest import install_fake
 
 from cudashim import backends
 from cudashim._settings import load
-from cudashim.proxy import surface
+from cudashim.tables import cuda_surface
 
 BACKENDS = [name for name in backends.names() if name != "cuda"]
 
@@ -17,7 +17,7 @@ BACKENDS = [name for name in backends.names() if name != "cuda"]
 def test_the_target_device_module_answers_every_torch_cuda_name(backend):
     install_fake(backend)
     import cudashim
-    cuda_names = surface.public_names(torch.cuda)
+    cuda_names = cuda_surface.public_names(torch.cuda)
     cls, _ = backends.resolve(backend)              # imports the vendor: its module exists
     module = getattr(torch, cls(load()).device_type)
     had = dict(vars(module))

@@ -12,7 +12,9 @@ import torch._utils
 
 from conftest import free_port, install_fake
 
-from cudashim.patches import GROUPS, device_parameters, group_module
+from cudashim.patches import GROUPS, group_module
+from cudashim.patching import device_parameters
+from cudashim.tables import device_parameters as parameter_tables
 
 
 def test_every_device_parameter_in_torch_is_classified():
@@ -21,7 +23,7 @@ def test_every_device_parameter_in_torch_is_classified():
     unclassified = [f"{p.name}({p.parameter})" for p in found
                     if device_parameters.classify(p, tables) is None]
     assert unclassified == [], ("classify these in a patch group's REWRITES or TRANSLATES, or in "
-                                f"cudashim/patches/device_parameters.py: {unclassified}")
+                                f"cudashim/tables/device_parameters.py: {unclassified}")
     names = {(p.name, p.parameter) for p in found}
     # The enumeration reaches signatures, classes' methods and C++ operator schemas alike.
     assert {("torch.random.fork_rng", "devices"), ("torch.random.fork_rng", "device_type"),
@@ -47,8 +49,8 @@ def test_every_entry_names_a_parameter_this_torch_has():
     torch documents no parameters for (``torch.is_autocast_enabled``) only has to exist."""
     entries = [(f"declared by {group}", target, parameter)
                for group, target, parameter in _declared_targets()]
-    for kind, table in (("delegated", device_parameters.DELEGATED_TO),
-                        ("untouched", device_parameters.UNTOUCHED_BECAUSE)):
+    for kind, table in (("delegated", parameter_tables.DELEGATED_TO),
+                        ("untouched", parameter_tables.UNTOUCHED_BECAUSE)):
         entries += [(kind, *device_parameters.split_entry(entry)) for entry in table]
     stale = []
     for where, target, parameter in entries:
@@ -64,7 +66,7 @@ def test_every_private_entry_point_libraries_call_is_as_listed():
     one the table says is translated must be declared by a group."""
     declared = {(target, parameter) for _, target, parameter in _declared_targets()}
     changed = []
-    for entry, listed in device_parameters.PRIVATE_ENTRY_POINTS.items():
+    for entry, listed in parameter_tables.PRIVATE_ENTRY_POINTS.items():
         target, parameter = device_parameters.split_entry(entry)
         function = device_parameters.resolve(target)
         if "only in CUDA builds" in listed.how:

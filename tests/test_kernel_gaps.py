@@ -8,9 +8,9 @@ import warnings
 import pytest
 import torch
 
-from conftest import ROOT, python
+from conftest import python
 
-from cudashim.kernels.dtype_gaps import GAPS
+from cudashim.tables.dtype_gaps import GAPS
 from cudashim.kernels.gap_fill import compute_dtype
 
 # The reference computes in the widest dtype of the gap's kind.

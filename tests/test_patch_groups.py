@@ -7,7 +7,7 @@ import torch
 from conftest import python
 
 from cudashim import _settings, patches
-from cudashim.patches import rewriter
+from cudashim.patching import rewriter
 
 
 def declarations():

@@ -53,7 +53,7 @@ def test_fixes_name_the_concrete_replacement(monkeypatch):
     assert fixes[("telemetry.py", 22)] == "kind == th.device('cuda').type"
     assert fixes[("telemetry.py", 8)] == "th.device('cuda').type in str(device)"
     graph = fixes[("ddp_setup.py", 24)]
-    from cudashim.proxy.surface import SURFACE
+    from cudashim.tables.cuda_surface import SURFACE
     assert graph == SURFACE["torch.cuda"]["graph"][1]       # the runtime's own way out
 
 
@@ -90,9 +90,10 @@ def test_on_real_cuda_everything_is_native(monkeypatch):
 def test_torch_cuda_names_are_classified_by_the_proxy_surface(tmp_path, monkeypatch):
     import torch.cuda
 
-    from cudashim.proxy import surface
+    from cudashim.proxy.surface import classify
+    from cudashim.tables import cuda_surface
 
-    names = surface.public_names(torch.cuda)
+    names = cuda_surface.public_names(torch.cuda)
     (tmp_path / "uses.py").write_text(
         "import torch\n" + "".join(f"x = torch.cuda.{name}\n" for name in names))
     result = _scan(["uses.py"], cwd=tmp_path, monkeypatch=monkeypatch)
@@ -100,9 +101,9 @@ def test_torch_cuda_names_are_classified_by_the_proxy_surface(tmp_path, monkeypa
     assert len(kinds) == len(names)
     for number, name in enumerate(names):
         value = getattr(torch.cuda, name)
-        kind = (surface.SUBMODULE, None) if isinstance(value, type(torch)) else \
-            surface.classify(torch.cuda, torch.cuda, name)
-        expected = "needs a change" if kind[0] == surface.REFUSED else "handled"
+        kind = (cuda_surface.SUBMODULE, None) if isinstance(value, type(torch)) else \
+            classify(torch.cuda, torch.cuda, name)
+        expected = "needs a change" if kind[0] == cuda_surface.REFUSED else "handled"
         assert kinds[number] == expected, name
 
 

@@ -16,7 +16,7 @@ from cudashim import speedups
 from cudashim._settings import load as load_settings
 from cudashim.kernels import bits, error_buffer_size, native
 
-from conftest import ROOT, python
+from conftest import python
 
 needs_compiled = pytest.mark.skipif(
     not speedups.built() or native._native is None or load_settings().pure_python,

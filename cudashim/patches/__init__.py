@@ -112,7 +112,7 @@ def apply_all(activation) -> None:
     """Apply every group that is on: its declarations, then its code."""
     from ..errors import warn_once
     from ..patching import by_caller
-    from . import rewriter
+    from ..patching import rewriter
 
     for name, off in states(activation.settings):
         if off is not None:

@@ -13,7 +13,7 @@ import logging
 import torch
 
 from ..errors import warn_once
-from .rewriter import DEVICE_TYPE, rewrite
+from ..patching.rewriter import DEVICE_TYPE, rewrite
 
 log = logging.getLogger(__name__)
 

@@ -4,8 +4,8 @@ import functools
 
 import torch
 
-from ._classproxy import class_proxy
-from .rewriter import DEVICE, DEVICE_TYPE, rewrite
+from ..patching.class_proxy import class_proxy
+from ..patching.rewriter import DEVICE, DEVICE_TYPE, rewrite
 
 REWRITES = (
     rewrite("torch:set_default_device", DEVICE),

@@ -12,8 +12,8 @@ import importlib
 
 import torch
 
-from .device_parameters import parameters_of
-from .rewriter import DEVICE, PIN_MEMORY, Argument, Rewrite, rewrite
+from ..patching.device_parameters import parameters_of
+from ..patching.rewriter import DEVICE, PIN_MEMORY, Argument, Rewrite, rewrite
 
 # Where torch keeps constructors whose registered name differs from their attribute name
 # (``fft_fftfreq`` is ``torch.fft.fftfreq``).

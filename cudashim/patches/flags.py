@@ -14,7 +14,7 @@ import torch.backends.cuda
 import torch.nn.attention
 
 from ..errors import warn_once
-from ._watched import WatchedAttributes
+from ..patching.watched import WatchedAttributes
 
 
 def _enabled_backends():

@@ -1,6 +1,6 @@
 """Kernels the target lacks where CUDA has them: wider dtypes, and CUDA-only ops torch calls.
 
-Dtype gaps: the table (``kernels/dtype_gaps.py``) is the CPU's, generated from torch's
+Dtype gaps: the table (``tables/dtype_gaps.py``) is the CPU's, generated from torch's
 operator database; other targets' gaps are not known there, so dtypes are filled only on
 the CPU. Each function with a gap (and its Tensor methods) is wrapped; no other op is
 touched.
@@ -22,7 +22,7 @@ from typing import List, Optional
 import torch
 
 from ..kernels import cuda_only_ops
-from ..kernels.dtype_gaps import GAPS
+from ..tables.dtype_gaps import GAPS
 from ..kernels.gap_fill import filled
 
 

@@ -1,6 +1,6 @@
 """nn.Module.to and to_empty; Module.cuda calls Tensor.cuda, which is patched already."""
 
-from .rewriter import DEVICE, rewrite
+from ..patching.rewriter import DEVICE, rewrite
 
 REWRITES = (
     # Module.to(self, *args, **kwargs): the device, when given, is the first positional.

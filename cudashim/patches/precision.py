@@ -29,7 +29,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from ._watched import WatchedAttributes
+from ..patching.watched import WatchedAttributes
 
 HALF = torch.float16
 

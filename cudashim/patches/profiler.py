@@ -10,7 +10,7 @@ import functools
 import torch
 
 from ..patching.refusal import Refusal
-from .rewriter import PROFILER_ACTIVITIES, rewrite
+from ..patching.rewriter import PROFILER_ACTIVITIES, rewrite
 
 REWRITES = (
     rewrite("torch.profiler:profile.__init__", PROFILER_ACTIVITIES, parameter="activities",

@@ -11,7 +11,7 @@ import torch
 
 from ..backends.host import HostStream
 from ..patching.by_caller import ByCaller, apply as apply_by_caller
-from .rewriter import DEVICE, apply, compiled_twin, rewrite
+from ..patching.rewriter import DEVICE, apply, compiled_twin, rewrite
 
 REWRITES = (
     # Tensor.to(self, *args, **kwargs): the device, when given, is the first positional.
@@ -78,7 +78,6 @@ def install(activation):
     T = torch.Tensor
     backend, settings, registry = activation.backend, activation.settings, activation.registry
     compiled = activation.compiled
-    on_target = on_target_check(backend)
     real_to = torch._C.TensorBase.to
 
     translate_cuda = activation.translator.for_api("Tensor.cuda")

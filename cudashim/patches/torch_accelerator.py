@@ -21,7 +21,7 @@ import torch
 
 from ..patching import by_caller
 from ..patching.by_caller import ByCaller
-from .rewriter import DEVICE, apply, rewrite
+from ..patching.rewriter import DEVICE, apply, rewrite
 
 # torch.accelerator function -> its torch.cuda counterpart. Each takes one device (or index)
 # as its first, positional-only argument.

@@ -19,9 +19,9 @@ import torch
 import torch.jit._builtins
 import torch.jit.annotations
 
+from ..patching.class_proxy import real_class
+from ..patching.rewriter import DEVICE, rewrite, rewritten
 from . import _graphs
-from ._classproxy import real_class
-from .rewriter import DEVICE, rewrite, rewritten
 
 # torch.jit.load takes one device as map_location; the loaded graphs are retargeted too.
 LOAD = rewrite("torch.jit._serialization:load", DEVICE, parameter="map_location", api="torch.jit.load")

@@ -14,7 +14,8 @@ from typing import Dict
 
 from ..patching.by_caller import answer_by_caller
 from ..patching.refusal import Refusal, stand_in
-from . import surface
+from ..tables import cuda_surface
+from .surface import classify
 from .forwarders import forwarded_names, forwarder
 from .implementation import IMPLEMENTATIONS
 
@@ -41,7 +42,7 @@ def is_proxy(module) -> bool:
 
 def build_proxies(real_top, activation) -> Dict[str, types.ModuleType]:
     """{module name: proxy} for ``torch.cuda`` and every public submodule below it."""
-    reals = list(surface.real_submodules(real_top))
+    reals = list(cuda_surface.real_submodules(real_top))
     by_name = {m.__name__: m for m in reals}
     bound = {name: cls(activation, by_name[name]).exports()
              for name, cls in IMPLEMENTATIONS.items() if name in by_name}
@@ -50,8 +51,8 @@ def build_proxies(real_top, activation) -> Dict[str, types.ModuleType]:
     proxies = {m.__name__: proxy_module(m) for m in reals}
     for real in reals:                     # packages come before their submodules
         proxy = proxies[real.__name__]
-        for name in surface.public_names(real):
-            owner = surface.enclosing_owner(real_top, real, name)
+        for name in cuda_surface.public_names(real):
+            owner = cuda_surface.enclosing_owner(real_top, real, name)
             if owner is not None:          # the same object as the package's: the same stand-in
                 value = getattr(proxies[owner.__name__], name)
             else:
@@ -70,24 +71,24 @@ def build_proxies(real_top, activation) -> Dict[str, types.ModuleType]:
 def _bind(real, name, real_top, proxies, bound, activation):
     qualname = f"{real.__name__}.{name}"
     value = getattr(real, name, None)
-    classified = surface.classify(real_top, real, name)
-    kind, way_out = classified if classified else (surface.REFUSED, surface.UNCLASSIFIED_WAY_OUT)
-    if kind == surface.SAME:
+    classified = classify(real_top, real, name)
+    kind, way_out = classified if classified else (cuda_surface.REFUSED, cuda_surface.UNCLASSIFIED_WAY_OUT)
+    if kind == cuda_surface.SAME:
         return value
-    if kind == surface.SUBMODULE:
+    if kind == cuda_surface.SUBMODULE:
         return proxies[value.__name__]
-    if kind in (surface.BACKEND, surface.SHIM):
+    if kind in (cuda_surface.BACKEND, cuda_surface.SHIM):
         ours = bound[real.__name__][name]
-        became = (f"{activation.backend.name} backend" if kind == surface.BACKEND
+        became = (f"{activation.backend.name} backend" if kind == cuda_surface.BACKEND
                   else f"cudashim on {activation.backend.name}")
         if callable(ours) and not isinstance(ours, type) and callable(value):
             ours = answer_by_caller(activation, qualname, value, ours, became)
         elif isinstance(ours, type) and activation.report is not None:
             ours = counted_class(qualname, ours, became, activation.report)
         return ours
-    answer = contextlib.nullcontext if qualname in surface.HARMLESS_CONTEXTS \
-        else surface.HARMLESS_ANSWERS.get(qualname)
-    return stand_in(activation, Refusal(qualname, way_out, harmless=kind == surface.HARMLESS),
+    answer = contextlib.nullcontext if qualname in cuda_surface.HARMLESS_CONTEXTS \
+        else cuda_surface.HARMLESS_ANSWERS.get(qualname)
+    return stand_in(activation, Refusal(qualname, way_out, harmless=kind == cuda_surface.HARMLESS),
                     is_class=isinstance(value, type), answer=answer)
 
 

@@ -1,6 +1,6 @@
 """What the runtime does on one target, read from the tables the runtime itself uses.
 
-The ``torch.cuda`` surface (``proxy.surface``), the backend's class (device type, collective
+The ``torch.cuda`` surface (``tables/cuda_surface.py``), the backend's class (device type, collective
 library, visible-devices variable, kernel languages) and the patch groups' own declarations
 (``patches.extensions``) answer every question the scanner asks about code the runtime
 redirects. Nothing here is listed a second time: a name the proxy forwards is "handled"
@@ -15,7 +15,8 @@ import types
 from typing import Dict, Optional, Tuple
 
 from .. import backends
-from ..proxy import surface
+from ..proxy.surface import classify
+from ..tables import cuda_surface
 from .findings import HANDLED, NEEDS_CHANGE
 
 Verdict = Tuple[str, str, Optional[str]]          # (class, what happens, the fix or way out)
@@ -73,18 +74,18 @@ class Target:
                 "check the name against the installed torch")
 
     def _surface_verdict(self, kind: str, way_out: Optional[str]) -> Verdict:
-        if kind == surface.BACKEND:
+        if kind == cuda_surface.BACKEND:
             return HANDLED, f"answered for the {self.device_type} device by the '{self.name}' backend", None
-        if kind == surface.SHIM:
+        if kind == cuda_surface.SHIM:
             return HANDLED, f"cudashim's own implementation on the '{self.name}' backend", None
-        if kind == surface.SUBMODULE:
+        if kind == cuda_surface.SUBMODULE:
             return HANDLED, "cudashim's proxy for this module", None
-        if kind == surface.SAME:
+        if kind == cuda_surface.SAME:
             return HANDLED, "the real object, right on every target", None
-        if kind == surface.HARMLESS:
+        if kind == cuda_surface.HARMLESS:
             return HANDLED, f"does nothing on the '{self.name}' target and warns once", way_out
         return (NEEDS_CHANGE, f"raises UnsupportedCudaAPI on the '{self.name}' target",
-                way_out or surface.UNCLASSIFIED_WAY_OUT)
+                way_out or cuda_surface.UNCLASSIFIED_WAY_OUT)
 
     # --- device specs, process-group backends, visible devices -------------------------
     def device(self, spec: str, index) -> Verdict:
@@ -149,13 +150,13 @@ def _cuda_surface():
 
     table: Dict[str, Tuple[str, Optional[str]]] = {}
     modules = set()
-    for module in surface.real_submodules(torch.cuda):
+    for module in cuda_surface.real_submodules(torch.cuda):
         modules.add(module.__name__)
-        table[module.__name__] = (surface.SUBMODULE, None)
-        for name in surface.public_names(module):
+        table[module.__name__] = (cuda_surface.SUBMODULE, None)
+        for name in cuda_surface.public_names(module):
             if isinstance(getattr(module, name, None), types.ModuleType):
                 continue                        # listed as a module of its own
-            classified = surface.classify(torch.cuda, module, name)
-            table[f"{module.__name__}.{name}"] = classified or (surface.REFUSED,
-                                                                surface.UNCLASSIFIED_WAY_OUT)
+            classified = classify(torch.cuda, module, name)
+            table[f"{module.__name__}.{name}"] = classified or (cuda_surface.REFUSED,
+                                                                cuda_surface.UNCLASSIFIED_WAY_OUT)
     return table, frozenset(modules)
