@@ -58,8 +58,8 @@ def install(activation):
 
 
 def _trace_python_twins(activation):
-    compiled_types = tuple(getattr(activation.compiled, name) for name in
-                           ("Rewriter", "TruthSwitch", "DefaultDevice"))
+    # Every type of the compiled module: those whose instances carry a twin say so in it.
+    compiled_types = tuple(value for value in vars(activation.compiled).values() if isinstance(value, type))
 
     def patch(module):
         from torch._dynamo import trace_rules

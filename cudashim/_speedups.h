@@ -1,0 +1,27 @@
+/* What the compiled fast path's files share: the type objects the module adds, and the
+ * helpers every wrapper type uses to behave as a Python function does. */
+
+#ifndef CUDASHIM_SPEEDUPS_H
+#define CUDASHIM_SPEEDUPS_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <frameobject.h>
+#include <structmember.h>
+#include <stdint.h>
+
+#if PY_VERSION_HEX < 0x03090000
+#error "cudashim._speedups needs Python 3.9 or later"
+#endif
+
+/* _speedups_callers.c: who asks */
+extern PyTypeObject CallerCacheType, TruthSwitchType, IsCudaType;
+/* _speedups_devices.c: device arguments */
+extern PyTypeObject RewriterType, DefaultDeviceType, NamedDeviceType;
+
+/* _speedups.c */
+PyObject *bind_as_method(PyObject *self, PyObject *obj, PyObject *type);
+PyObject *wrapper_repr(PyObject *self);
+extern PyGetSetDef wrapper_getset[];
+
+#endif
