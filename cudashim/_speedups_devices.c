@@ -8,8 +8,6 @@
 /* Translation: the translator's caches read in C, its function called on a miss          */
 /* ------------------------------------------------------------------------------------ */
 
-#define MAX_CLASSES 8
-
 typedef struct {
     PyObject *translate;      /* spec -> translated spec (the Python translator) */
     PyObject *cache;          /* dict spec -> result or the unchanged marker, or NULL */
@@ -75,22 +73,23 @@ static PyObject *translate_value(Translation *t, PyObject *value)
 /* Rewriter                                                                              */
 /* ------------------------------------------------------------------------------------ */
 
+/* No limits to keep in step with Python: a Rewriter takes as many slots, and a slot as many
+ * classes, as its declaration has. */
 typedef struct {
     Py_ssize_t position;      /* among the positionals, or -1: keyword only */
     PyObject *keyword;        /* interned */
-    PyTypeObject *classes[MAX_CLASSES];   /* a positional of another class is another argument */
-    int nclasses;             /* -1: any class */
+    PyObject *classes;        /* a tuple of types, or NULL: any class. A positional of another
+                                 class is another argument */
     Translation translation;
 } Slot;
 
-#define MAX_SLOTS 4
-#define SMALL_STACK 16
+#define SMALL_STACK 16            /* arguments copied on the C stack; more are allocated */
 
 typedef struct {
     PyObject_HEAD
     PyObject *original;
-    int nslots;
-    Slot slots[MAX_SLOTS];
+    Py_ssize_t nslots;
+    Slot *slots;
     PyObject *dict;
     vectorcallfunc vectorcall;
 } RewriterObject;
@@ -106,11 +105,11 @@ static int keyword_matches(PyObject *name, PyObject *keyword)
 
 static int class_allowed(Slot *slot, PyObject *value)
 {
-    int i;
-    if (slot->nclasses < 0)
+    Py_ssize_t i;
+    if (slot->classes == NULL)
         return 1;
-    for (i = 0; i < slot->nclasses; i++)
-        if (Py_TYPE(value) == slot->classes[i])
+    for (i = 0; i < PyTuple_GET_SIZE(slot->classes); i++)
+        if ((PyObject *)Py_TYPE(value) == PyTuple_GET_ITEM(slot->classes, i))
             return 1;
     return 0;
 }
@@ -121,8 +120,8 @@ static PyObject *Rewriter_vectorcall(RewriterObject *self, PyObject *const *args
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
     Py_ssize_t total = nargs + nkw, i;
-    PyObject *small[SMALL_STACK + 1], **stack = NULL, *owned[MAX_SLOTS], *result;
-    int nowned = 0, s;
+    PyObject *small[SMALL_STACK + 1], **stack = NULL, *result;
+    Py_ssize_t s;
 
     for (s = 0; s < self->nslots; s++) {
         Slot *slot = &self->slots[s];
@@ -162,7 +161,9 @@ static PyObject *Rewriter_vectorcall(RewriterObject *self, PyObject *const *args
             stack++;
             memcpy(stack, args, total * sizeof(PyObject *));
         }
-        stack[where] = owned[nowned++] = translated;
+        if (stack[where] != args[where])      /* two slots for one argument: the last wins */
+            Py_DECREF(stack[where]);
+        stack[where] = translated;        /* owned: released below, where it differs from args */
     }
     if (stack == NULL)
         return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
@@ -171,10 +172,13 @@ static PyObject *Rewriter_vectorcall(RewriterObject *self, PyObject *const *args
 error:
     result = NULL;
 done:
-    while (nowned)
-        Py_DECREF(owned[--nowned]);
-    if (stack != NULL && stack - 1 != small)
-        PyMem_Free(stack - 1);
+    if (stack != NULL) {
+        for (i = 0; i < total; i++)
+            if (stack[i] != args[i])
+                Py_DECREF(stack[i]);
+        if (stack - 1 != small)
+            PyMem_Free(stack - 1);
+    }
     return result;
 }
 
@@ -197,38 +201,24 @@ static int slot_init(Slot *slot, PyObject *spec)
     Py_INCREF(keyword);
     PyUnicode_InternInPlace(&keyword);
     slot->keyword = keyword;
-    slot->nclasses = -1;
     if (classes != Py_None) {
-        PyObject *iterator = PyObject_GetIter(classes), *item;
-        if (iterator == NULL)
+        Py_ssize_t i;
+        slot->classes = PySequence_Tuple(classes);
+        if (slot->classes == NULL)
             return 0;
-        slot->nclasses = 0;
-        while ((item = PyIter_Next(iterator)) != NULL) {
-            if (!PyType_Check(item) || slot->nclasses == MAX_CLASSES) {
-                Py_DECREF(item);
-                Py_DECREF(iterator);
-                PyErr_SetString(PyExc_TypeError, "a slot's classes must be at most 8 types");
+        for (i = 0; i < PyTuple_GET_SIZE(slot->classes); i++)
+            if (!PyType_Check(PyTuple_GET_ITEM(slot->classes, i))) {
+                PyErr_SetString(PyExc_TypeError, "a slot's classes must be types");
                 return 0;
             }
-            slot->classes[slot->nclasses++] = (PyTypeObject *)item;    /* kept alive below */
-            Py_DECREF(item);
-        }
-        Py_DECREF(iterator);
-        if (PyErr_Occurred())
-            return 0;
-        for (int i = 0; i < slot->nclasses; i++)
-            Py_INCREF(slot->classes[i]);
     }
     return translation_init(&slot->translation, translate, cache, indices, unchanged);
 }
 
 static void slot_clear(Slot *slot)
 {
-    int i;
     Py_CLEAR(slot->keyword);
-    for (i = 0; i < slot->nclasses; i++)
-        Py_CLEAR(slot->classes[i]);
-    slot->nclasses = -1;
+    Py_CLEAR(slot->classes);
     translation_clear(&slot->translation);
 }
 
@@ -242,8 +232,8 @@ static PyObject *Rewriter_new(PyTypeObject *type, PyObject *args, PyObject *kwds
                                      &PyTuple_Type, &slots))
         return NULL;
     n = PyTuple_GET_SIZE(slots);
-    if (n < 1 || n > MAX_SLOTS) {
-        PyErr_Format(PyExc_ValueError, "Rewriter takes 1 to %d slots, got %zd", MAX_SLOTS, n);
+    if (n < 1) {
+        PyErr_SetString(PyExc_ValueError, "Rewriter takes at least one slot");
         return NULL;
     }
     self = (RewriterObject *)type->tp_alloc(type, 0);
@@ -252,9 +242,13 @@ static PyObject *Rewriter_new(PyTypeObject *type, PyObject *args, PyObject *kwds
     Py_INCREF(original);
     self->original = original;
     self->vectorcall = (vectorcallfunc)Rewriter_vectorcall;
+    self->slots = PyMem_Calloc(n, sizeof(Slot));
+    if (self->slots == NULL) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
     for (i = 0; i < n; i++) {
-        self->slots[i].nclasses = -1;
-        self->nslots = (int)i + 1;
+        self->nslots = i + 1;
         if (!slot_init(&self->slots[i], PyTuple_GET_ITEM(slots, i))) {
             Py_DECREF(self);
             return NULL;
@@ -265,12 +259,11 @@ static PyObject *Rewriter_new(PyTypeObject *type, PyObject *args, PyObject *kwds
 
 static int Rewriter_traverse(RewriterObject *self, visitproc visit, void *arg)
 {
-    int s, i;
+    Py_ssize_t s;
     Py_VISIT(self->original);
     Py_VISIT(self->dict);
     for (s = 0; s < self->nslots; s++) {
-        for (i = 0; i < self->slots[s].nclasses; i++)
-            Py_VISIT(self->slots[s].classes[i]);
+        Py_VISIT(self->slots[s].classes);
         translation_traverse(&self->slots[s].translation, visit, arg);
     }
     return 0;
@@ -278,7 +271,7 @@ static int Rewriter_traverse(RewriterObject *self, visitproc visit, void *arg)
 
 static int Rewriter_clear(RewriterObject *self)
 {
-    int s;
+    Py_ssize_t s;
     Py_CLEAR(self->original);
     Py_CLEAR(self->dict);
     for (s = 0; s < self->nslots; s++)
@@ -291,6 +284,7 @@ static void Rewriter_dealloc(RewriterObject *self)
 {
     PyObject_GC_UnTrack(self);
     Rewriter_clear(self);
+    PyMem_Free(self->slots);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 

@@ -297,3 +297,32 @@ def test_the_launcher_runs_the_compiled_wrappers_unless_asked_not_to(tmp_path):
         answers[flags] = result.stdout.split()
     assert answers[()] == ["Rewriter", "True", "cpu", "0"]
     assert answers[("--pure-python",)] == ["function", "True", "cpu", "0"]
+
+
+@needs_compiled
+def test_a_compiled_rewriter_takes_as_many_slots_and_classes_as_its_declaration_has():
+    """No limit in C to keep in step with Python: seven slots, one with eleven classes, and a
+    translation that raises leaves every argument as it was."""
+    from cudashim import _speedups
+
+    def original(*args, **kwargs):
+        return args, kwargs
+
+    def upper(value):
+        if value == "boom":
+            raise ValueError("bad device")
+        return value.upper()
+
+    unchanged = object()
+    classes = (str,) + tuple(type(f"Class{i}", (), {}) for i in range(10))
+    slots = tuple((None, f"k{i}", None, upper, None, None, unchanged) for i in range(6))
+    slots += ((0, "first", classes, upper, None, None, unchanged),)
+    rewriter = _speedups.Rewriter(original, slots)
+    keywords = {f"k{i}": f"d{i}" for i in range(6)}
+    assert rewriter("cuda", **keywords) == (("CUDA",), {f"k{i}": f"D{i}" for i in range(6)})
+    assert rewriter(1, k5="x") == ((1,), {"k5": "X"})            # an int is none of the classes
+    with pytest.raises(ValueError, match="bad device"):
+        rewriter("cuda", k0="x", k1="boom")
+    assert rewriter("a", k3="b") == (("A",), {"k3": "B"})         # and it still works after
+    many = rewriter(*["x"] * 20, k0="y")                            # past the arguments kept on the stack
+    assert many == (("X",) + ("x",) * 19, {"k0": "Y"})
