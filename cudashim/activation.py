@@ -45,6 +45,11 @@ class Activation:
     live: bool = True                  # False once deactivated: late hooks then patch nothing
     waiting_for_imports: list = dataclasses.field(default_factory=list)   # (module, patch)
 
+    @property
+    def reporting(self) -> bool:
+        """Whether the report is on: patches that exist only to count are made only then."""
+        return self.report is not None
+
     def count(self, api: str, became) -> None:
         """One use of ``api``, which became ``became``, for the report where it is on."""
         if self.report is not None:

@@ -10,7 +10,7 @@ and they run anyway where the build found no compiler.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Dict, Optional, Tuple
 
 from . import patches
 
@@ -18,6 +18,20 @@ try:
     from . import _speedups as _compiled
 except ImportError:                      # built without a compiler: the Python fallback runs
     _compiled = None
+
+
+# Each compiled type, and the Python it is the twin of: what the two must do alike. The
+# compiled module has exactly these types (tests/test_speedups.py checks both ways), and
+# test_speedups runs each pair on the same calls.
+TWINS: Dict[str, Tuple[str, str]] = {          # type -> (its Python twin, what both do)
+    "CallerCache": ("cudashim.callers:CallerPolicy", "does the calling code's module hear the truth"),
+    "TruthSwitch": ("cudashim.patching.by_caller:answer_by_caller", "the real function or ours, by who asks"),
+    "IsCuda": ("cudashim.patches.tensors:is_cuda_property", "Tensor.is_cuda, by who asks"),
+    "Rewriter": ("cudashim.patching.rewriter:rewritten", "a callable's device arguments translated"),
+    "DefaultDevice": ("cudashim.patches.tensors:install", "Tensor.cuda(), its device defaulting to 'cuda'"),
+    "NamedDevice": ("cudashim.patches.device_objects:install",
+                    "torch.device('cuda') through the class stand-in"),
+}
 
 
 def built() -> bool:

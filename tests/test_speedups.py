@@ -326,3 +326,17 @@ def test_a_compiled_rewriter_takes_as_many_slots_and_classes_as_its_declaration_
     assert rewriter("a", k3="b") == (("A",), {"k3": "B"})         # and it still works after
     many = rewriter(*["x"] * 20, k0="y")                            # past the arguments kept on the stack
     assert many == (("X",) + ("x",) * 19, {"k0": "Y"})
+
+
+@needs_compiled
+def test_the_compiled_module_has_exactly_the_twins_the_table_names():
+    """speedups.TWINS is the table of C twins: the module has no type it does not name, and
+    each Python original it names exists."""
+    import importlib
+
+    from cudashim import _speedups
+    types_in_module = {name for name, value in vars(_speedups).items() if isinstance(value, type)}
+    assert types_in_module == set(speedups.TWINS)
+    for twin, _ in speedups.TWINS.values():
+        module, _, attribute = twin.partition(":")
+        assert callable(getattr(importlib.import_module(module), attribute)), twin

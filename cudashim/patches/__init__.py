@@ -5,6 +5,7 @@ A group is a module here that may declare:
 - ``REWRITES``: device-argument patches as data (``rewriter.Rewrite``), applied by the one
   rewriter;
 - ``BY_CALLER``: answers that depend on who asks (``by_caller.ByCaller``);
+- ``WHEN_IMPORTED``: patches made when their module is imported (``when_imported.WhenImported``);
 - ``install(activation)``: the patches that are more than a rewrite, as code, recorded in
   ``activation.registry`` like every other;
 - ``TRANSLATES``: the ("module:attribute.path", parameter) pairs its ``install()``
@@ -111,7 +112,7 @@ def states(settings) -> List[Tuple[str, Optional[str]]]:
 def apply_all(activation) -> None:
     """Apply every group that is on: its declarations, then its code."""
     from ..errors import warn_once
-    from ..patching import by_caller
+    from ..patching import by_caller, when_imported
     from ..patching import rewriter
 
     for name, off in states(activation.settings):
@@ -124,6 +125,8 @@ def apply_all(activation) -> None:
             rewriter.apply(activation, declaration)
         for declaration in getattr(module, "BY_CALLER", ()):
             by_caller.apply(activation, declaration)
+        for declaration in getattr(module, "WHEN_IMPORTED", ()):
+            when_imported.apply(activation, declaration)
         install = getattr(module, "install", None)
         if install is not None:
             install(activation)

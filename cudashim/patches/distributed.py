@@ -14,8 +14,8 @@ import torch
 from ..backends import staged
 from ..patching import by_caller
 from ..patching.by_caller import ByCaller
-from ..patching.rewriter import BOUND_DEVICE, BOUND_DEVICES, BOUND_INDICES, DEVICE, DEVICE_TYPE, EAGER_DEVICE, \
-    Argument, Rewrite, rewrite, rewritten
+from ..patching.rewriter import BOUND_DEVICE, BOUND_DEVICES, BOUND_INDICES, DEVICE, DEVICE_TYPE, \
+    EAGER_DEVICE, Argument, Rewrite, rewrite, rewritten
 from . import _nccl_order as nccl_order, _nccl_reductions as nccl_reductions, _nccl_shapes as nccl_shapes
 from . import _ddp_pinned, _sync_batch_norm
 from ._group_exit import NcclGroupExit

@@ -16,6 +16,7 @@ from typing import List, Mapping, Optional
 
 
 from ..errors import UnsupportedCudaAPI
+from ..patching.when_imported import WhenImported
 
 MODULE = "torch.utils.cpp_extension"
 BUILDERS = ("CUDAExtension", "load", "load_inline")
@@ -53,14 +54,12 @@ def way_out(backend) -> str:
             f"build, or write the op with torch operations")
 
 
-def install(activation):
-    backend = activation.backend
+def _refuse_cuda_builds(activation, module):
+    for builder in BUILDERS:
+        activation.replace(module, builder, functools.partial(_refusing, builder, activation.backend))
 
-    def refuse_cuda_builds(module):
-        for builder in BUILDERS:
-            activation.replace(module, builder, functools.partial(_refusing, builder, backend))
 
-    activation.when_imported(MODULE, refuse_cuda_builds)
+WHEN_IMPORTED = (WhenImported(MODULE, _refuse_cuda_builds),)
 
 
 def _refusing(builder, backend, original):

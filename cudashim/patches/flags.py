@@ -58,7 +58,7 @@ def install(activation):
 
     activation.replace(torch.nn.attention, "sdpa_kernel", wrap("torch.nn.attention.sdpa_kernel"))
     activation.replace(torch.backends.cuda, "sdp_kernel", wrap("torch.backends.cuda.sdp_kernel"))
-    if activation.report is not None:
+    if activation.reporting:
         _count_flags(activation)
 
 
@@ -69,7 +69,7 @@ TF32_FLAGS = ("allow_tf32", "fp32_precision")
 
 
 def _count_flags(activation):
-    report, backend = activation.report, activation.backend
+    backend = activation.backend
     mapped = activation.precision.float32_matmul_precision if activation.precision else None
     no_effect = f"no effect: {backend.device_type} has no cuDNN"
 
@@ -83,11 +83,11 @@ def _count_flags(activation):
             continue
 
         def counted_set(module, value, _flag=flag, _current=current):
-            report.count(f"torch.backends.cudnn.{_flag} =", became(_flag))
+            activation.count(f"torch.backends.cudnn.{_flag} =", became(_flag))
             _current.__set__(module, value)
         activation.registry.set_attr(cudnn_class, flag, property(
             lambda module, _current=current: _current.__get__(module, cudnn_class), counted_set,
             doc=current.__doc__))
     activation.registry.set_attr(torch.backends.cuda, "matmul", WatchedAttributes(
         torch.backends.cuda.matmul,
-        lambda flag, value: report.count(f"torch.backends.cuda.matmul.{flag} =", became(flag))))
+        lambda flag, value: activation.count(f"torch.backends.cuda.matmul.{flag} =", became(flag))))

@@ -22,8 +22,9 @@ from typing import List, Optional
 import torch
 
 from ..kernels import cuda_only_ops
-from ..tables.dtype_gaps import GAPS
 from ..kernels.gap_fill import filled
+from ..patching.when_imported import WhenImported
+from ..tables.dtype_gaps import GAPS
 
 
 def gaps():
@@ -96,7 +97,6 @@ def install(activation):
     missing = missing_ops(device_type)
     if missing:
         _register_portable_kernels(activation, device_type, missing)
-    activation.when_imported("bitsandbytes", functools.partial(_say_bitsandbytes_gaps, device_type))
 
 
 def _say_bitsandbytes_gaps(device_type, bitsandbytes) -> None:
@@ -113,6 +113,10 @@ def _say_bitsandbytes_gaps(device_type, bitsandbytes) -> None:
                   f"other features run on bitsandbytes' kernels in torch operations")
 
 
+WHEN_IMPORTED = (WhenImported("bitsandbytes", lambda activation, module: _say_bitsandbytes_gaps(
+    activation.backend.device_type, module)),)
+
+
 def _fill_dtype_gaps(activation):
     for owner, attribute, dtypes, methods in gaps():
         activation.replace(owner, attribute, lambda original, d=dtypes: filled(original, d))
@@ -126,18 +130,17 @@ def _register_portable_kernels(activation, device_type, names):
     library = torch.library.Library("aten", "IMPL")
     activation.registry.add_undo(f"portable kernels for CUDA-only ops on {device_type}",
                                  library._destroy)
-    report = activation.report
     for name in names:
         kernel = cuda_only_ops.OPS[name]
-        if report is not None:
+        if activation.reporting:
             kernel = _counted(kernel, f"aten::{name}", f"cudashim's portable kernel on {device_type}",
-                              report)
+                              activation.count)
         library.impl(name, kernel, dispatch_key(device_type))
 
 
-def _counted(kernel, api, became, report):
+def _counted(kernel, api, became, count):
     @functools.wraps(kernel)
     def counted(*args, **kwargs):
-        report.count(api, became)
+        count(api, became)
         return kernel(*args, **kwargs)
     return counted

@@ -23,14 +23,12 @@ class Refusal:
 
     def meet(self, activation) -> None:
         """Refuse (raise), or, where harmless and allowed, warn once and return."""
-        backend, report = activation.backend, activation.report
+        backend = activation.backend
         if self.harmless and activation.settings.unsupported == "warn":
             warn_once(self.api, f"{self.api} {self.nothing} on the '{backend.name}' backend ({self.way_out})")
-            if report is not None:
-                report.count(self.api, "no-op")
+            activation.count(self.api, "no-op")
             return
-        if report is not None:
-            report.count(self.api, "refused")
+        activation.count(self.api, "refused")
         raise UnsupportedCudaAPI(self.api, backend.name, self.way_out)
 
 

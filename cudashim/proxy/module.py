@@ -83,7 +83,7 @@ def _bind(real, name, real_top, proxies, bound, activation):
                   else f"cudashim on {activation.backend.name}")
         if callable(ours) and not isinstance(ours, type) and callable(value):
             ours = answer_by_caller(activation, qualname, value, ours, became)
-        elif isinstance(ours, type) and activation.report is not None:
+        elif isinstance(ours, type) and activation.reporting:
             ours = counted_class(qualname, ours, became, activation.report)
         return ours
     answer = contextlib.nullcontext if qualname in cuda_surface.HARMLESS_CONTEXTS \
