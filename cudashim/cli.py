@@ -32,7 +32,7 @@ def _add_setting_options(parser: argparse.ArgumentParser) -> None:
     for option in _settings.OPTIONS:
         help_text = f"{option.help} [{option.env}]"
         if option.name == "backend":
-            help_text = f"target backend: auto (default), {', '.join(backends.BUILT_IN)} [{option.env}]"
+            help_text = f"target backend: auto (default), {', '.join(backends.built_in())} [{option.env}]"
         if option.metavar is None and option.choices is None:
             parser.add_argument(option.flag, dest=option.name, action="store_true", default=None,
                                 help=help_text)
@@ -163,7 +163,7 @@ def main(argv: Optional[List[str]] = None) -> None:
                       help="files or folders (default: the current folder)")
     scan.add_argument("--backend",
                       help=f"classify for this target: auto (this machine's, the default), "
-                           f"{', '.join(backends.BUILT_IN)} [{_settings.BY_NAME['backend'].env}]")
+                           f"{', '.join(backends.built_in())} [{_settings.BY_NAME['backend'].env}]")
     scan.add_argument("--json", action="store_true", help="print the findings as JSON")
     if argv[:1] == ["run"]:
         return run_main(argv[1:], prog="cudashim run")

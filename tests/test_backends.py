@@ -8,6 +8,7 @@ import importlib
 import inspect
 import os
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -372,3 +373,33 @@ def test_delegated_calls_reach_the_device_module_without_passing_through_the_shi
     torch.cuda.current_stream()
     assert torch.cuda.device_count() == backend.device_count() >= 1
     assert calls == []
+
+
+def test_a_built_in_backend_is_one_module_found_by_its_name(tmp_path, monkeypatch):
+    """A module dropped into cudashim/backends/ is a backend: named for its module, tried where
+    its class says, with nothing else to edit."""
+    import shutil
+
+    import cudashim
+    package = tmp_path / "cudashim"
+    shutil.copytree(Path(cudashim.__file__).parent, package,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (package / "backends" / "ipu.py").write_text(
+        "from .accelerator import AcceleratorBackend\n"
+        "class IPUBackend(AcceleratorBackend):\n"
+        "    name = 'ipu'\n"
+        "    detection_rank = 45\n"
+        "    @classmethod\n"
+        "    def absent_reason(cls):\n"
+        "        return 'no IPU here'\n")
+    code = ("import torch\n"
+            "from cudashim import backends\n"
+            "print(backends.built_in())\n"
+            "print(backends.detection_order())\n"
+            "print(backends.survey()['ipu'])\n")
+    result = python("-c", code, env={"PYTHONPATH": str(tmp_path)}, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    built_in, order, state = result.stdout.strip().splitlines()
+    assert "'ipu'" in built_in and "'base'" not in built_in and "'host'" not in built_in
+    assert order == str(("cuda", "xpu", "npu", "hpu", "mps", "ipu", "accelerator", "cpu"))
+    assert state == "absent: no IPU here"

@@ -55,7 +55,7 @@ def test_missing_script_fails_as_python_does(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--backend", "tpu", "-c", "1"], "unknown cudashim backend 'tpu'; valid: auto, cuda, xpu, npu, hpu, mps, accelerator, cpu"),
+    (["--backend", "tpu", "-c", "1"], "unknown cudashim backend 'tpu'; valid: auto, accelerator, cpu, cuda, hpu, mps, npu, xpu"),
     (["--backend", "cuda", "-c", "1"], "cudashim backend 'cuda' cannot run here: no working CUDA"),
     (["--device-count", "x", "-c", "1"], "device_count='x': expected a whole number of devices"),
     (["--device-extension", "no_such_extension", "-c", "1"],

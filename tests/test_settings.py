@@ -33,7 +33,7 @@ def test_unknown_setting_keyword_is_a_type_error():
 
 
 def test_unknown_backend_lists_the_valid_ones():
-    with pytest.raises(UnknownBackendError, match="valid: auto, cuda, xpu, npu, hpu, mps, accelerator, cpu"):
+    with pytest.raises(UnknownBackendError, match="valid: auto, accelerator, cpu, cuda, hpu, mps, npu, xpu"):
         check_name("tpu")
 
 

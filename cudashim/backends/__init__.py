@@ -1,8 +1,9 @@
 """The backend table and detection.
 
-``BUILT_IN`` maps every name cudashim ships to its class, in the order in which ``auto``
-tries them. A built-in backend is its module and its line here: what else knows backends (the
-command line, ``doctor``'s list of vendor packages) reads the classes.
+A built-in backend is one module here, named for it, holding its class: ``built_in()`` finds
+the names without importing anything, and each class says where ``auto`` tries it
+(``detection_rank``). What else knows backends (the command line, ``doctor``'s list of vendor
+packages) reads the names and the classes, so adding one touches nothing else.
 
 A vendor package adds a backend without editing cudashim by declaring an entry point in the
 group ``cudashim.backends`` (``name = "package.module:BackendClass"``, ``plugins.py``). Such
@@ -13,8 +14,10 @@ built in or when ``auto`` detects, never by a Python that does not ask.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
+import pkgutil
 from typing import Dict, Tuple, Type
 
 from .. import plugins
@@ -24,57 +27,57 @@ log = logging.getLogger(__name__)
 
 AUTO = "auto"
 
-# name -> "module:Class" (relative to this package), imported only when tried, so no
-# backend's vendor package is imported unless that backend is used. The order is detection's:
-# an explicit setting first (handled by resolve), then real CUDA (pass-through), XPU, NPU,
-# HPU, MPS, backends from entry points, any other accelerator torch.accelerator reports, and
-# the CPU last.
-BUILT_IN: Dict[str, str] = {
-    "cuda": ".cuda:CUDABackend",
-    "xpu": ".xpu:XPUBackend",
-    "npu": ".npu:NPUBackend",
-    "hpu": ".hpu:HPUBackend",
-    "mps": ".mps:MPSBackend",
-    "accelerator": ".accelerator:AcceleratorBackend",
-    "cpu": ".cpu:CPUBackend",
-}
+# The modules here that serve the backends rather than being one.
+SUPPORT = frozenset({"base", "host", "staged", "cpu_speed"})
 GENERIC = "accelerator"
+
+
+@functools.lru_cache(maxsize=None)
+def built_in() -> Tuple[str, ...]:
+    """Every backend cudashim ships, by name: its modules here, found without importing them
+    (so no vendor package, and no torch, is imported until a backend is tried)."""
+    return tuple(sorted(module.name for module in pkgutil.iter_modules(__path__)
+                        if not module.name.startswith("_") and module.name not in SUPPORT))
 
 
 def from_entry_points() -> Dict[str, str]:
     """name -> "module:Class" for every backend a package registered (read once)."""
-    return plugins.registered(plugins.BACKENDS, (*BUILT_IN, AUTO))
-
-
-def table() -> Dict[str, str]:
-    """Every backend name and where its class lives: built in, then from entry points."""
-    return {**BUILT_IN, **from_entry_points()}
+    return plugins.registered(plugins.BACKENDS, (*built_in(), AUTO))
 
 
 def names() -> Tuple[str, ...]:
-    return tuple(table())
+    """Every backend name: built in, then from entry points."""
+    return built_in() + tuple(from_entry_points())
 
 
 def detection_order() -> Tuple[str, ...]:
-    """The built-in order, with entry-point backends just before the generic one."""
-    built_in = tuple(BUILT_IN)
-    generic = built_in.index(GENERIC)
-    return built_in[:generic] + tuple(from_entry_points()) + built_in[generic:]
+    """Where ``auto`` looks: an explicit setting first (handled by resolve), then real CUDA
+    (pass-through), the vendors' backends, backends from entry points, any other accelerator
+    torch.accelerator reports, and the CPU last; each built-in class says where it goes."""
+    ranked = tuple(sorted(built_in(), key=lambda name: backend_class(name).detection_rank))
+    generic = ranked.index(GENERIC)
+    return ranked[:generic] + tuple(from_entry_points()) + ranked[generic:]
 
 
 def check_name(name: str) -> str:
     """Return ``name`` if it is ``auto`` or a known backend, else raise with the valid ones."""
-    if name == AUTO or name in BUILT_IN or name in from_entry_points():
+    if name == AUTO or name in built_in() or name in from_entry_points():
         return name
     raise UnknownBackendError(
         f"unknown cudashim backend '{name}'; valid: {', '.join((AUTO,) + names())}")
 
 
 def backend_class(name: str) -> Type:
-    module_name, _, class_name = table()[check_name(name)].partition(":")
-    package = __name__ if module_name.startswith(".") else None
-    module = importlib.import_module(module_name, package)
-    return getattr(module, class_name)
+    """The class of backend ``name``, imported now: a built-in module's backend named so, or
+    the class an entry point names."""
+    if check_name(name) in built_in():
+        module = importlib.import_module(f"{__name__}.{name}")
+        from .base import Backend
+        return next(value for value in vars(module).values()
+                    if isinstance(value, type) and issubclass(value, Backend)
+                    and value.__module__ == module.__name__ and value.name == name)
+    module_name, _, class_name = from_entry_points()[name].partition(":")
+    return getattr(importlib.import_module(module_name), class_name)
 
 
 def _absent_reason(name: str):

@@ -35,6 +35,7 @@ CUDA_PROPERTIES = ("name", "total_memory", "major", "minor", "multi_processor_co
 
 class AcceleratorBackend(Backend):
     name = "accelerator"
+    detection_rank = 90
     device_type = "privateuseone"              # replaced by the real type when built
     profiler_activity = "PrivateUse1"
     honours_device_count = True

@@ -42,7 +42,10 @@ def cuda_api_names(cls) -> Tuple[str, ...]:
 
 class Backend:
     # --- identity ---------------------------------------------------------------------
-    name: ClassVar[str]                       # what users pass to --backend
+    name: ClassVar[str]                       # what users pass to --backend (its module's name)
+    # Where ``auto`` tries it, lowest first: real CUDA (0), the vendors (10-40), the generic
+    # accelerator backend (90), the CPU (100). Entry-point backends go before the generic one.
+    detection_rank: ClassVar[int] = 50
     device_type: ClassVar[str]                # the torch device type tensors live on
     default_collective: ClassVar[str] = "gloo"  # torch.distributed backend replacing NCCL
     visible_devices_var: ClassVar[Optional[str]] = None   # vendor's CUDA_VISIBLE_DEVICES

@@ -37,6 +37,7 @@ def visible_device_count(value: str) -> int:
 
 class CPUBackend(HostStreams, Backend):
     name = "cpu"
+    detection_rank = 100
     device_type = "cpu"
     deepspeed_accelerator = "cpu"
     honours_device_count = True

@@ -9,6 +9,7 @@ from .base import Backend
 
 class CUDABackend(Backend):
     name = "cuda"
+    detection_rank = 0
     device_type = "cuda"
     kernel_languages = ("cuda", "triton")
     optional_packages = ("cupy",)                 # cudashim.kernels' fast paths on CUDA

@@ -17,6 +17,7 @@ HCCL_MODULE = "habana_frameworks.torch.distributed.hccl"
 
 class HPUBackend(Backend):
     name = "hpu"
+    detection_rank = 30
     device_type = "hpu"
     deepspeed_accelerator = "hpu"
     default_collective = "hccl"

@@ -22,6 +22,7 @@ class MPSStream(HostStream):
 
 class MPSBackend(HostStreams, Backend):
     name = "mps"
+    detection_rank = 40
     device_type = "mps"
     deepspeed_accelerator = "mps"
     default_collective = "gloo"

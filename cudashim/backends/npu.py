@@ -9,6 +9,7 @@ from .base import Backend
 
 class NPUBackend(Backend):
     name = "npu"
+    detection_rank = 20
     device_type = "npu"
     deepspeed_accelerator = "npu"
     default_collective = "hccl"

@@ -20,6 +20,7 @@ ONECCL = "oneccl_bindings_for_pytorch"
 
 class XPUBackend(Backend):
     name = "xpu"
+    detection_rank = 10
     device_type = "xpu"
     optional_packages = (IPEX, ONECCL)
     deepspeed_accelerator = "xpu"
