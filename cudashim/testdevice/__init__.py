@@ -1,6 +1,6 @@
 """cudashim's test accelerator: a device with memory of its own, on any machine.
 
-A PrivateUse1 backend (``device.cpp``) compiled here on first use and cached by torch's
+A PrivateUse1 backend (``device.cpp`` and ``kernels.cpp``) compiled here on first use and cached by torch's
 extension builder. Its memory is pages the host cannot read or write outside the device's
 own kernels, so on it a CUDA program's missed copy fails loudly where the CPU backend hides
 it. It has ``N`` devices (default 2), a generator, streams, events and memory statistics per
@@ -22,7 +22,8 @@ from ..errors import BackendUnavailableError
 
 NAME = "shimdev"
 DEFAULT_DEVICES = 2
-SOURCE = Path(__file__).with_name("device.cpp")
+HERE = Path(__file__).parent
+SOURCES = ("device.h", "device.cpp", "kernels.cpp")
 BUILD_NAME = "cudashim_testdevice"
 
 log = logging.getLogger(__name__)
@@ -52,21 +53,25 @@ def compiled():
         from torch.utils import cpp_extension
         log.info("cudashim: building the test accelerator (cached after the first time)")
         build = Path(cpp_extension._get_build_directory(BUILD_NAME, verbose=False))
-        _compiled = cpp_extension.load(name=BUILD_NAME, sources=[str(_source_in(build))],
-                                       build_directory=str(build), extra_cflags=["-O1"], verbose=False)
+        sources = [str(copy) for copy in _sources_in(build) if copy.suffix == ".cpp"]
+        _compiled = cpp_extension.load(name=BUILD_NAME, sources=sources, build_directory=str(build),
+                                       extra_cflags=["-O1"], verbose=False)
     return _compiled
 
 
-def _source_in(build: Path) -> Path:
-    """The source, copied into the build folder when it differs: the build command names its
-    source, so a checkout and an installed copy of cudashim would otherwise rebuild in turn."""
-    copy = build / SOURCE.name
-    text = SOURCE.read_bytes()
-    if not copy.exists() or copy.read_bytes() != text:
-        partial = build / f".{SOURCE.name}.{os.getpid()}"
-        partial.write_bytes(text)
-        os.replace(partial, copy)                    # atomic: a build beside this one reads all or none
-    return copy
+def _sources_in(build: Path):
+    """The sources, each copied into the build folder where it differs: the build command
+    names its sources, so a checkout and an installed copy of cudashim would otherwise rebuild
+    in turn."""
+    copies = []
+    for name in SOURCES:
+        copy, text = build / name, (HERE / name).read_bytes()
+        if not copy.exists() or copy.read_bytes() != text:
+            partial = build / f".{name}.{os.getpid()}"
+            partial.write_bytes(text)
+            os.replace(partial, copy)                # atomic: a build beside this one reads all or none
+        copies.append(copy)
+    return copies
 
 
 def load(devices: int = DEFAULT_DEVICES) -> None:

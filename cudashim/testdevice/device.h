@@ -1,0 +1,56 @@
+// What the test accelerator's two files share: device.cpp (memory, the guard, generators,
+// hooks) and kernels.cpp (the kernels, the fallback, autocast's lists).
+
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/CPUAllocator.h>
+#include <torch/library.h>
+
+#include <vector>
+
+namespace testdevice {
+
+constexpr c10::DeviceType kDevice = c10::DeviceType::PrivateUse1;
+constexpr size_t kCapacity = size_t{8} << 30;  // the memory each device reports
+constexpr int kMaxDevices = 16;
+
+extern int device_count;                              // set once by init()
+extern thread_local c10::DeviceIndex current_device;
+extern c10::Allocator* const device_allocator;       // device memory: PROT_NONE pages
+
+void check_index(c10::DeviceIndex index);
+
+// Holds device memory open (readable and writable by the host) while it lives.
+class OpenMemory {
+ public:
+  OpenMemory() = default;
+  OpenMemory(const OpenMemory&) = delete;
+  OpenMemory& operator=(const OpenMemory&) = delete;
+  ~OpenMemory() {
+    for (const void* address : opened_) change(address, -1);
+  }
+  void open(const void* address) {
+    if (address != nullptr && change(address, +1)) opened_.push_back(address);
+  }
+
+ private:
+  // Opens (+1) or closes (-1) the region holding ``address``; false where there is none
+  // (host memory, or device memory freed since it was opened).
+  static bool change(const void* address, int delta);   // device.cpp
+  std::vector<const void*> opened_;
+};
+
+const at::Generator& default_generator(c10::DeviceIndex index);
+// The CPU generator a device generator draws with, handed to CPU kernels in its place.
+at::Generator engine_of(const at::Generator& generator);
+
+// A storage whose bytes move to fresh device memory on ``device`` (contents kept up to the
+// smaller size): what resize_ and a kernel that grew a storage need.
+void move_to_new_memory(const c10::Storage& storage, const void* source, size_t bytes, size_t keep,
+                        c10::DeviceIndex device);
+
+}  // namespace testdevice
