@@ -57,15 +57,54 @@ static struct PyModuleDef speedups_module = {
     .m_size = -1,
 };
 
+/* Whether this build has exactly the types of the table of twins (cudashim/tables/
+ * compiled_twins.py): a build made for another table does not load, and the pure-Python
+ * wrappers run in its place. 1, or 0 with ImportError set. */
+static int matches_the_table(PyTypeObject **types, size_t count)
+{
+    PyObject *table = PyImport_ImportModule("cudashim.tables.compiled_twins"), *twins;
+    Py_ssize_t expected;
+    size_t i;
+    if (table == NULL)
+        return 0;
+    twins = PyObject_GetAttrString(table, "TWINS");
+    Py_DECREF(table);
+    if (twins == NULL || !PyDict_Check(twins)) {
+        Py_XDECREF(twins);
+        PyErr_SetString(PyExc_ImportError, "cudashim._speedups: the table of twins has no TWINS dict");
+        return 0;
+    }
+    expected = PyDict_GET_SIZE(twins);
+    for (i = 0; i < count; i++) {
+        const char *name = strrchr(types[i]->tp_name, '.') + 1;
+        if (PyDict_GetItemString(twins, name) == NULL) {
+            Py_DECREF(twins);
+            PyErr_Format(PyExc_ImportError, "cudashim._speedups was built with %s, which the table "
+                         "of twins does not name: rebuild cudashim", name);
+            return 0;
+        }
+    }
+    Py_DECREF(twins);
+    if ((size_t)expected != count) {
+        PyErr_Format(PyExc_ImportError, "cudashim._speedups was built with %zu types; the table of "
+                     "twins names %zd: rebuild cudashim", count, expected);
+        return 0;
+    }
+    return 1;
+}
+
 PyMODINIT_FUNC PyInit__speedups(void)
 {
     PyTypeObject *types[] = {&CallerCacheType, &RewriterType, &TruthSwitchType, &IsCudaType,
                              &DefaultDeviceType, &NamedDeviceType};
-    PyObject *module = PyModule_Create(&speedups_module);
-    size_t i;
+    size_t count = sizeof(types) / sizeof(types[0]), i;
+    PyObject *module;
+    if (!matches_the_table(types, count))
+        return NULL;
+    module = PyModule_Create(&speedups_module);
     if (module == NULL)
         return NULL;
-    for (i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+    for (i = 0; i < count; i++) {
         const char *name = strrchr(types[i]->tp_name, '.') + 1;
         if (PyType_Ready(types[i]) < 0)
             goto error;

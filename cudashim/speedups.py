@@ -10,28 +10,19 @@ and they run anyway where the build found no compiler.
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Optional
 
 from . import patches
 
+NOT_BUILT = "the compiled fast path was not built: no C compiler at install time"
+
 try:
     from . import _speedups as _compiled
-except ImportError:                      # built without a compiler: the Python fallback runs
+    _not_loaded = None
+except ImportError as exc:               # the Python fallback runs
     _compiled = None
-
-
-# Each compiled type, and the Python it is the twin of: what the two must do alike. The
-# compiled module has exactly these types (tests/test_speedups.py checks both ways), and
-# test_speedups runs each pair on the same calls.
-TWINS: Dict[str, Tuple[str, str]] = {          # type -> (its Python twin, what both do)
-    "CallerCache": ("cudashim.callers:CallerPolicy", "does the calling code's module hear the truth"),
-    "TruthSwitch": ("cudashim.patching.by_caller:answer_by_caller", "the real function or ours, by who asks"),
-    "IsCuda": ("cudashim.patches.tensors:is_cuda_property", "Tensor.is_cuda, by who asks"),
-    "Rewriter": ("cudashim.patching.rewriter:rewritten", "a callable's device arguments translated"),
-    "DefaultDevice": ("cudashim.patches.tensors:install", "Tensor.cuda(), its device defaulting to 'cuda'"),
-    "NamedDevice": ("cudashim.patches.device_objects:install",
-                    "torch.device('cuda') through the class stand-in"),
-}
+    # Built for another table of twins (tables/compiled_twins.py) says so; else it was not built.
+    _not_loaded = str(exc) if str(exc).startswith("cudashim._speedups") else NOT_BUILT
 
 
 def built() -> bool:
@@ -43,7 +34,7 @@ def _why_not(settings) -> Optional[str]:
     if settings.pure_python:
         return "the pure_python setting asks for it"
     if _compiled is None:
-        return "the compiled fast path was not built: no C compiler at install time"
+        return _not_loaded
     if patches.off_reason("compiled", settings) is not None:
         # torch.compile traces the compiled wrappers only through that group's patch.
         return "torch.compile could not trace the compiled ones: the 'compiled' patch group is off"
@@ -66,6 +57,8 @@ def fast_path(settings) -> str:
     from .kernels import native
     if built() and native.unavailable() is None and _why_not(settings) is None:
         return "compiled fast path: on (cudashim._speedups, cudashim.kernels._native)"
+    if not built() and _not_loaded != NOT_BUILT:
+        return f"compiled fast path: off ({_not_loaded}): the pure-Python fallback runs, {FALLBACK_COST}"
     if not built():
         return ("compiled fast path: not built (no C compiler when cudashim was installed): the "
                 f"pure-Python fallback runs, {FALLBACK_COST}; install gcc or clang, then cudashim again")

@@ -7,6 +7,7 @@ same inputs, errors included; the whole suite runs a second time with ``--pure-p
 """
 
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -330,13 +331,38 @@ def test_a_compiled_rewriter_takes_as_many_slots_and_classes_as_its_declaration_
 
 @needs_compiled
 def test_the_compiled_module_has_exactly_the_twins_the_table_names():
-    """speedups.TWINS is the table of C twins: the module has no type it does not name, and
-    each Python original it names exists."""
+    """tables/compiled_twins.py is the table of C twins: the module has no type it does not
+    name, and each Python original it names exists."""
     import importlib
 
     from cudashim import _speedups
+    from cudashim.tables.compiled_twins import TWINS
     types_in_module = {name for name, value in vars(_speedups).items() if isinstance(value, type)}
-    assert types_in_module == set(speedups.TWINS)
-    for twin, _ in speedups.TWINS.values():
+    assert types_in_module == set(TWINS)
+    for twin, _ in TWINS.values():
         module, _, attribute = twin.partition(":")
         assert callable(getattr(importlib.import_module(module), attribute)), twin
+
+
+@needs_compiled
+def test_a_build_made_for_another_table_of_twins_does_not_load_and_python_runs(tmp_path):
+    """A stale build (a type the table no longer names) refuses to load, saying why; the
+    pure-Python wrappers run and the fast-path line says what happened."""
+    import shutil
+
+    import cudashim
+    package = tmp_path / "cudashim"
+    shutil.copytree(Path(cudashim.__file__).parent, package, ignore=shutil.ignore_patterns("__pycache__"))
+    table = package / "tables" / "compiled_twins.py"
+    table.write_text(table.read_text().replace('    "NamedDevice"', '    "RenamedDevice"'))
+    code = ("import torch, cudashim\n"
+            "from cudashim import speedups\n"
+            "cudashim.activate('cpu')\n"
+            "print(speedups.built())\n"
+            "print(speedups.fast_path(cudashim._settings.load()))\n"
+            "print(torch.ones(1).cuda().is_cuda)\n")
+    result = python("-c", code, env={"PYTHONPATH": str(tmp_path)}, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    built, line, works = result.stdout.strip().splitlines()
+    assert built == "False" and works == "True"
+    assert "built with NamedDevice, which the table of twins does not name" in line, line

@@ -24,6 +24,7 @@ from ..errors import warn_once
 
 
 from ..callers import is_torch_module
+from ..tables.compiled_twins import TWINS
 
 DYNAMO_TENSORS = "torch._dynamo.variables.tensor"
 DYNAMO_BUILDER = "torch._dynamo.variables.builder"
@@ -58,8 +59,8 @@ def install(activation):
 
 
 def _trace_python_twins(activation):
-    # Every type of the compiled module: those whose instances carry a twin say so in it.
-    compiled_types = tuple(value for value in vars(activation.compiled).values() if isinstance(value, type))
+    # The compiled types (the table of twins): those whose instances carry a twin say so in it.
+    compiled_types = tuple(getattr(activation.compiled, name) for name in TWINS)
 
     def patch(module):
         from torch._dynamo import trace_rules
@@ -70,7 +71,7 @@ def _trace_python_twins(activation):
         original = VariableBuilder._wrap
 
         def _wrap(self, value):
-            if type(value) in compiled_types and "python_twin" in vars(value):
+            if type(value) in compiled_types and "python_twin" in getattr(value, "__dict__", ()):
                 rule = trace_rules.get_torch_obj_rule_map().get(value)
                 if rule is not None:
                     # Torch's table was built after activation, so it names the wrapper

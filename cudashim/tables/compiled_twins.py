@@ -1,0 +1,21 @@
+"""The compiled fast path's types, and the Python each is the twin of: the one table of twins.
+
+``cudashim._speedups`` checks itself against it when it is imported (a build with other types
+does not load, and the pure-Python wrappers run); torch.compile's tracing hook
+(``patches/compiled.py``) reads it for the types whose instances carry their twin; the tests
+run each pair on the same calls.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Tuple
+
+TWINS: Dict[str, Tuple[str, str]] = {          # type -> (its Python twin, what both do)
+    "CallerCache": ("cudashim.callers:CallerPolicy", "does the calling code's module hear the truth"),
+    "TruthSwitch": ("cudashim.patching.by_caller:answer_by_caller", "the real function or ours, by who asks"),
+    "IsCuda": ("cudashim.patches.tensors:is_cuda_property", "Tensor.is_cuda, by who asks"),
+    "Rewriter": ("cudashim.patching.rewriter:rewritten", "a callable's device arguments translated"),
+    "DefaultDevice": ("cudashim.patches.tensors:install", "Tensor.cuda(), its device defaulting to 'cuda'"),
+    "NamedDevice": ("cudashim.patches.device_objects:install",
+                    "torch.device('cuda') through the class stand-in"),
+}
