@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ..kernels import CompressedBackend, pack_signs, unpack_signs
+from ..patching.import_hook import ImportHook
 
 NCCL_MODULE = "deepspeed.runtime.comm.nccl"
 
@@ -104,21 +105,17 @@ def fill_in_packbits(wrapped, accelerator, args, kwargs):
     return builder
 
 
-class NcclBackendFinder(importlib.abc.MetaPathFinder):
+class NcclBackendFinder(ImportHook):
     """Serves ``deepspeed.runtime.comm.nccl`` as this module's ``NcclBackend`` while the
     activation is live: the real module imports CuPy at its top and cannot run here."""
+    description = "the import hook for DeepSpeed's NCCL 1-bit backend"
 
-    def __init__(self, activation):
-        self.activation = activation
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname != NCCL_MODULE or not self.activation.live:
+    def spec_for(self, fullname):
+        if fullname != NCCL_MODULE:
             return None
         return importlib.util.spec_from_loader(fullname, _NcclLoader())
 
-    def remove(self) -> None:
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
+    def forget(self) -> None:
         module = sys.modules.get(NCCL_MODULE)
         if module is not None and getattr(module, "NcclBackend", None) is NcclBackend:
             del sys.modules[NCCL_MODULE]          # a later import meets the real module again

@@ -179,9 +179,7 @@ def _serve_the_nccl_backend(activation):
     if imported is not None:
         activation.registry.set_attr(imported, "NcclBackend", onebit.NcclBackend)
         return
-    finder = onebit.NcclBackendFinder(activation)
-    sys.meta_path.insert(0, finder)
-    activation.registry.add_undo("the import hook for DeepSpeed's NCCL 1-bit backend", finder.remove)
+    onebit.NcclBackendFinder(activation).install()
 
 
 def _fp16_supported(accelerator) -> bool:

@@ -7,8 +7,6 @@ stand-in is served, the references to the real modules point at it. Deactivation
 hook out, the stand-ins out of ``sys.modules`` and the real modules back in.
 """
 
-import sys
-
 from ..substitutes.finder import SubstituteFinder, enabled_libraries
 
 
@@ -17,6 +15,5 @@ def install(activation):
     if not enabled:
         return
     finder = SubstituteFinder(activation, enabled)
-    sys.meta_path.insert(0, finder)
-    activation.registry.add_undo("the import hook for CUDA-only libraries", finder.remove)
+    finder.install()
     finder.replace_imported(activation.registry)

@@ -37,6 +37,7 @@ import threading
 import types
 from typing import Dict, Iterable, Iterator, Tuple
 
+from ..patching.import_hook import ImportHook
 from ..tables.libraries import LIBRARIES as TABLE, StandIn
 from . import LIBRARIES, probes, provides, source_of
 from ._refuse import refusal
@@ -97,9 +98,11 @@ class _RefusingLoader(importlib.abc.Loader):
         raise refusal(module.__name__, f"it provides {self.library.substituted}; instead, {way_out}")
 
 
-class SubstituteFinder(importlib.abc.MetaPathFinder):
+class SubstituteFinder(ImportHook):
+    description = "the import hook for CUDA-only libraries"
+
     def __init__(self, activation, enabled: Iterable[str]):
-        self.activation = activation
+        super().__init__(activation)
         self.serving_for = activation              # what the stand-ins it serves ask about
         self.device = activation.backend.target_device(0)
         self.by_module: Dict[str, StandIn] = {module: LIBRARIES[name] for name in enabled
@@ -112,14 +115,14 @@ class SubstituteFinder(importlib.abc.MetaPathFinder):
         self._lock = threading.RLock()
 
     # --- imports -----------------------------------------------------------------------
-    def find_spec(self, fullname, path=None, target=None):
+    def spec_for(self, fullname):
         top, dot, _ = fullname.partition(".")
         if dot:                                # a submodule follows its parent's __path__...
             if top in self.served and not provides(fullname):
                 return importlib.util.spec_from_loader(fullname, _RefusingLoader(self.by_module[top]))
             return None                        # ...unless the stand-in lacks it
         library = self.by_module.get(fullname)
-        if library is None or fullname in self._trying or not self.activation.live:
+        if library is None or fullname in self._trying:
             return None
         with self._lock:
             spec = self.decisions.get(fullname)
@@ -211,11 +214,9 @@ class SubstituteFinder(importlib.abc.MetaPathFinder):
         return iter(found)
 
     # --- deactivation ------------------------------------------------------------------
-    def remove(self) -> None:
-        """Leave ``sys.meta_path``, and drop the stand-ins from ``sys.modules`` so that a
-        later import meets the real package (or its absence) again."""
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
+    def forget(self) -> None:
+        """Drop the stand-ins from ``sys.modules``, and put back the real modules they
+        displaced."""
         for name in self.served:
             _forget(name)
         sys.modules.update(self.displaced)
