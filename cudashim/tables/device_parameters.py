@@ -1,9 +1,9 @@
 """Every device parameter of torch's public API, and what cudashim does with each.
 
 A parameter is device vocabulary when its name is one of ``VOCABULARY``. They are found
-from torch itself, never listed by hand: the signatures of the Python API in ``SCOPE``, and
-the operator schemas for the functions and Tensor methods written in C++. Each one is
-either
+from torch itself, never listed by hand (``patching/device_parameters.py`` walks the
+signatures of the Python API in ``SCOPE`` and the operator schemas of the functions and Tensor
+methods written in C++). Each one is either
 
 - **translated**: a patch group declares it, in its ``REWRITES`` (the one rewriter) or in
   its ``TRANSLATES`` (the parameters its ``install()`` translates by hand);
