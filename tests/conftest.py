@@ -101,6 +101,25 @@ def python(*args, env=None, cwd=None, timeout=300, input=None):
                           cwd=cwd or ROOT, timeout=timeout, input=input)
 
 
+def installed_distribution(where: Path, name: str, entry_points: str) -> None:
+    """A distribution's metadata under ``where`` (on PYTHONPATH, it is installed), declaring
+    ``entry_points`` (an entry_points.txt's text), as a package that extends cudashim does."""
+    dist_info = where / f"{name.replace('-', '_')}-1.0.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    (dist_info / "entry_points.txt").write_text(entry_points)
+
+
+def copy_of_cudashim(where: Path) -> Path:
+    """The installed cudashim package copied under ``where``, to change and run on PYTHONPATH."""
+    import shutil
+
+    import cudashim
+    package = where / "cudashim"
+    shutil.copytree(Path(cudashim.__file__).parent, package, ignore=shutil.ignore_patterns("__pycache__"))
+    return package
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now."""
     import socket

@@ -8,12 +8,12 @@ import importlib
 import inspect
 import os
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import FAKES, fake_vendor_path, install_fake, python, use_fake_vendor
+from conftest import FAKES, copy_of_cudashim, fake_vendor_path, install_fake, installed_distribution, python, \
+    use_fake_vendor
 
 from cudashim import backends
 from cudashim._settings import load
@@ -316,10 +316,8 @@ def test_a_vendor_package_adds_a_backend_through_an_entry_point(tmp_path):
         "    def __init__(self, settings):\n"
         "        super().__init__(settings)\n"
         "        self.device_type = 'musa'\n")
-    dist_info = tmp_path / "musa_shim_backend-1.0.dist-info"
-    dist_info.mkdir()
-    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: musa-shim-backend\nVersion: 1.0\n")
-    (dist_info / "entry_points.txt").write_text("[cudashim.backends]\nmusa = musa_shim_backend:MusaBackend\n")
+    installed_distribution(tmp_path, "musa-shim-backend",
+                           "[cudashim.backends]\nmusa = musa_shim_backend:MusaBackend\n")
     code = ("import torch, torch_musa, cudashim\n"
             "from cudashim import backends\n"
             "torch_musa._autoload()\n"
@@ -378,12 +376,7 @@ def test_delegated_calls_reach_the_device_module_without_passing_through_the_shi
 def test_a_built_in_backend_is_one_module_found_by_its_name(tmp_path, monkeypatch):
     """A module dropped into cudashim/backends/ is a backend: named for its module, tried where
     its class says, with nothing else to edit."""
-    import shutil
-
-    import cudashim
-    package = tmp_path / "cudashim"
-    shutil.copytree(Path(cudashim.__file__).parent, package,
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    package = copy_of_cudashim(tmp_path)
     (package / "backends" / "ipu.py").write_text(
         "from .accelerator import AcceleratorBackend\n"
         "class IPUBackend(AcceleratorBackend):\n"

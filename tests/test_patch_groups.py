@@ -4,7 +4,7 @@ torch version, listed by doctor."""
 import pytest
 import torch
 
-from conftest import python
+from conftest import installed_distribution, python
 
 from cudashim import _settings, patches
 from cudashim.patching import rewriter
@@ -131,10 +131,7 @@ def test_a_package_adds_a_patch_group_through_an_entry_point(tmp_path):
         "def install(activation):\n"
         "    activation.replace(answer_library, 'answer', lambda original: lambda: 42)\n")
     (tmp_path / "answer_library.py").write_text("def answer():\n    return 0\n")
-    dist_info = tmp_path / "answer_group-1.0.dist-info"
-    dist_info.mkdir()
-    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: answer-group\nVersion: 1.0\n")
-    (dist_info / "entry_points.txt").write_text("[cudashim.patch_groups]\nanswer = answer_group\n")
+    installed_distribution(tmp_path, "answer-group", "[cudashim.patch_groups]\nanswer = answer_group\n")
     code = ("import sys, torch, cudashim, answer_library\n"
             "from cudashim import patches\n"
             "cudashim.activate('cpu', disable=sys.argv[1:])\n"

@@ -7,7 +7,6 @@ same inputs, errors included; the whole suite runs a second time with ``--pure-p
 """
 
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +16,7 @@ from cudashim import speedups
 from cudashim._settings import load as load_settings
 from cudashim.kernels import bits, error_buffer_size, native
 
-from conftest import python
+from conftest import copy_of_cudashim, python
 
 needs_compiled = pytest.mark.skipif(
     not speedups.built() or native._native is None or load_settings().pure_python,
@@ -348,11 +347,7 @@ def test_the_compiled_module_has_exactly_the_twins_the_table_names():
 def test_a_build_made_for_another_table_of_twins_does_not_load_and_python_runs(tmp_path):
     """A stale build (a type the table no longer names) refuses to load, saying why; the
     pure-Python wrappers run and the fast-path line says what happened."""
-    import shutil
-
-    import cudashim
-    package = tmp_path / "cudashim"
-    shutil.copytree(Path(cudashim.__file__).parent, package, ignore=shutil.ignore_patterns("__pycache__"))
+    package = copy_of_cudashim(tmp_path)
     table = package / "tables" / "compiled_twins.py"
     table.write_text(table.read_text().replace('    "NamedDevice"', '    "RenamedDevice"'))
     code = ("import torch, cudashim\n"
