@@ -13,7 +13,7 @@ from conftest import ROOT
 FLOORS = (
     ("tables and primitives", {"tables", "errors", "cuda_build", "legacy_types", "registry", "report",
                                "callers", "plugins"}),
-    ("backends", {"backends", "kernels", "parallel", "testdevice", "translation", "precision"}),
+    ("backends", {"backends", "kernels", "parallel", "graphs", "testdevice", "translation", "precision"}),
     ("patch groups", {"patching", "proxy", "substitutes", "patches"}),
     ("activation", {"_settings", "activation", "speedups", "__init__"}),
     ("commands", {"cli", "doctor", "launcher", "auto", "__main__", "scan"}),

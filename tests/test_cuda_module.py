@@ -113,7 +113,7 @@ def test_is_available_tells_torch_the_truth(shim):
 
 
 def test_refused_api_names_itself_the_backend_and_the_way_out(shim):
-    for refuse in (lambda: torch.cuda.CUDAGraph(), lambda: torch.cuda.graph(None),
+    for refuse in (lambda: torch.cuda.MemPool(), lambda: torch.cuda.use_mem_pool(None),
                    lambda: torch.cuda.nccl.all_reduce([]), lambda: torch.cuda.cudart(),
                    lambda: torch.cuda.utilization()):
         with pytest.raises(shim.UnsupportedCudaAPI) as info:
@@ -122,7 +122,7 @@ def test_refused_api_names_itself_the_backend_and_the_way_out(shim):
         assert message.startswith("torch.cuda.") and "'cpu' backend" in message
         assert "\n" not in message
     assert isinstance(shim.UnsupportedCudaAPI("a", "b", "c"), RuntimeError)
-    assert not isinstance(object(), torch.cuda.CUDAGraph)
+    assert not isinstance(object(), torch.cuda.MemPool)
 
 
 def test_harmless_apis_do_nothing_and_warn_once_by_default():
@@ -144,7 +144,7 @@ def test_harmless_apis_do_nothing_and_warn_once_by_default():
     assert all("does nothing on the 'cpu' backend" in message for message in ours)
     assert enabled is False and results == ()
     with pytest.raises(cudashim.UnsupportedCudaAPI):
-        torch.cuda.CUDAGraph()                 # not harmless: still refused
+        torch.cuda.MemPool()                   # not harmless: still refused
     cudashim.deactivate()
 
 
@@ -201,12 +201,6 @@ def test_nvtx_ranges_of_a_training_loop_show_in_a_profiler_trace(shim):
     # Ranges nest as pushed: the forward's matmul is inside "forward 0".
     forward = next(e for e in prof.events() if e.name == "forward 0")
     assert any(child.name.startswith("aten::") for child in forward.cpu_children)
-
-
-def test_make_graphed_callables_runs_eagerly(shim):
-    model = torch.nn.Linear(2, 2)
-    with pytest.warns(shim.CudashimWarning, match="eagerly"):
-        assert torch.cuda.make_graphed_callables(model, (torch.ones(1, 2),)) is model
 
 
 def test_a_program_profiling_with_nvtx_runs_under_the_launcher():

@@ -12,7 +12,7 @@ REFUSING = """\
 import torch
 
 def capture():
-    return torch.cuda.CUDAGraph()
+    return torch.cuda.MemPool()
 
 capture()
 """
@@ -36,9 +36,9 @@ def test_an_uncaught_refusal_ends_at_the_programs_line(route, tmp_path):
     stack = result.stderr.split("Traceback (most recent call last):\n", 1)[1]
     files = [line.split('"')[1] for line in stack.splitlines() if line.startswith('  File "')]
     assert files and all(name.endswith("program.py") for name in files), result.stderr
-    assert "return torch.cuda.CUDAGraph()" in stack
+    assert "return torch.cuda.MemPool()" in stack
     assert stack.rstrip().splitlines()[-1].startswith(
-        "cudashim.errors.UnsupportedCudaAPI: torch.cuda.CUDAGraph is not supported by cudashim")
+        "cudashim.errors.UnsupportedCudaAPI: torch.cuda.MemPool is not supported by cudashim")
 
 
 def test_a_device_past_the_count_fails_as_cuda_does_without_cudashims_frames(tmp_path):
@@ -50,7 +50,7 @@ def test_a_device_past_the_count_fails_as_cuda_does_without_cudashims_frames(tmp
 
 def test_the_programs_own_handlers_still_see_every_frame(tmp_path):
     program = ("import traceback, torch\n"
-               "try:\n    torch.cuda.CUDAGraph()\n"
+               "try:\n    torch.cuda.MemPool()\n"
                "except RuntimeError:\n    print('cudashim/patching/refusal.py' in traceback.format_exc())\n")
     result = _run("launcher", program, tmp_path)
     assert result.returncode == 0 and result.stdout.strip() == "True", result.stderr

@@ -52,9 +52,9 @@ def test_fixes_name_the_concrete_replacement(monkeypatch):
     assert fixes[("telemetry.py", 19)] == "name.startswith(th.device('cuda').type)"
     assert fixes[("telemetry.py", 22)] == "kind == th.device('cuda').type"
     assert fixes[("telemetry.py", 8)] == "th.device('cuda').type in str(device)"
-    graph = fixes[("ddp_setup.py", 24)]
+    pool = fixes[("ddp_setup.py", 34)]
     from cudashim.tables.cuda_surface import SURFACE
-    assert graph == SURFACE["torch.cuda"]["graph"][1]       # the runtime's own way out
+    assert pool == SURFACE["torch.cuda"]["MemPool"][1]       # the runtime's own way out
 
 
 def test_what_a_finding_becomes_is_named_for_the_target(monkeypatch):

@@ -16,11 +16,14 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import logging
 from typing import ClassVar, Optional, Tuple
 
 import torch
 
 from ..errors import BackendUnavailableError, warn_once
+
+logger = logging.getLogger(__name__)
 
 
 def cuda_api(method):
@@ -217,6 +220,28 @@ class Backend:
 
     def stream(self, stream):
         return self.module.stream(stream)
+
+    # --- graphs -----------------------------------------------------------------------
+    # The device module's class of CUDA-graph-like capture and replay, where the target has
+    # one (``torch.xpu.XPUGraph``, torch_npu's ``torch.npu.NPUGraph``), beside ``graph``,
+    # ``graph_pool_handle``, ``make_graphed_callables`` and ``is_current_stream_capturing``.
+    graph_class: ClassVar[Optional[str]] = None
+    GRAPH_NAMES: ClassVar[Tuple[str, ...]] = ("graph", "graph_pool_handle", "make_graphed_callables",
+                                              "is_current_stream_capturing")
+
+    def native_graphs(self):
+        """The device module where it captures and replays graphs of its own, else None (a
+        build whose graph class is a placeholder, as torch's are where not compiled in, too)."""
+        names = (self.graph_class,) + self.GRAPH_NAMES if self.graph_class else ()
+        if not names or not all(hasattr(self.module, name) for name in names):
+            return None
+        try:
+            getattr(self.module, self.graph_class)()
+        except Exception as exc:
+            logger.info("%s: %s.%s cannot be made here (%s); graphs are recorded instead",
+                        self.name, self.module.__name__, self.graph_class, exc)
+            return None
+        return self.module
 
     # --- memory -----------------------------------------------------------------------
     @cuda_api

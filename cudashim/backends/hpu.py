@@ -24,6 +24,7 @@ class HPUBackend(Backend):
     visible_devices_var = "HABANA_VISIBLE_MODULES"
     vendor_package = "habana_frameworks.torch"
     profiler_activity = "HPU"
+    graph_class = "HPUGraph"
     install_hint = "install the Intel Gaudi software stack: https://docs.habana.ai/en/latest/Installation_Guide/"
     device_hint = "check the Gaudi driver (hl-smi) and HABANA_VISIBLE_MODULES"
 

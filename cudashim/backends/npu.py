@@ -16,6 +16,7 @@ class NPUBackend(Backend):
     visible_devices_var = "ASCEND_RT_VISIBLE_DEVICES"
     vendor_package = "torch_npu"
     profiler_activity = "PrivateUse1"
+    graph_class = "NPUGraph"
     install_hint = "pip install torch-npu, the release matching your torch and CANN toolkit"
     device_hint = "check the Ascend driver and that the CANN environment (set_env.sh) is loaded"
 

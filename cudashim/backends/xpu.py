@@ -28,6 +28,7 @@ class XPUBackend(Backend):
     default_collective = "xccl"
     visible_devices_var = "ZE_AFFINITY_MASK"
     profiler_activity = "XPU"
+    graph_class = "XPUGraph"
     device_hint = ("install a torch built for Intel GPUs: pip install torch --index-url "
                    "https://download.pytorch.org/whl/xpu, and Intel's GPU driver")
 

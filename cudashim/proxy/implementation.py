@@ -13,49 +13,19 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from typing import ClassVar, Dict, Tuple
+from typing import Dict, Tuple
 
 import torch
 
 from .. import legacy_types
 from ..cuda_build import cuda_build
-from ..errors import warn_once
-from .forwarders import device_index, forwarded_as
+from .forwarders import forwarded_as
+from .graphs import CudaGraphs
+from .implementation_base import Implementation
 
 
-class Implementation:
-    """The names of one ``torch.cuda`` module that cudashim implements itself."""
-    module: ClassVar[str] = ""             # the module's name
-    # Private names that programs and libraries call (copied from torch.cuda's own code):
-    # implemented like public ones. Every other private name falls through to torch.
-    private: ClassVar[Tuple[str, ...]] = ()
-
-    def __init__(self, activation, real_module):
-        self.backend = activation.backend
-        self.settings = activation.settings
-        self.real_module = real_module
-        self.idx = functools.partial(device_index, self.backend)
-
-    @classmethod
-    def implements(cls) -> Tuple[str, ...]:
-        """This module's names that cudashim implements (its ``__implements__``)."""
-        own = {name for klass in cls.__mro__[:cls.__mro__.index(Implementation)]
-               for name in vars(klass) if not name.startswith("_")}
-        return tuple(sorted((own - set(vars(Implementation))) | set(cls.extra_names())))
-
-    @classmethod
-    def extra_names(cls) -> Tuple[str, ...]:
-        return ()
-
-    def exports(self) -> Dict[str, object]:
-        """name -> the object the proxy binds; subclasses add their ``extra_names()``."""
-        extra = set(self.extra_names())
-        return {name: getattr(self, name) for name in self.implements() + self.private
-                if name not in extra}
-
-
-class TorchCuda(Implementation):
-    """``torch.cuda`` itself."""
+class TorchCuda(CudaGraphs):
+    """``torch.cuda`` itself (its graph names: ``graphs.py``)."""
     module = "torch.cuda"
     private = ("_get_device_index", "_lazy_call", "_lazy_init")
 
@@ -173,9 +143,6 @@ class TorchCuda(Implementation):
         StreamContext.__module__ = "torch.cuda"
         return StreamContext
 
-    def is_current_stream_capturing(self) -> bool:
-        return False
-
     # --- memory: deprecated aliases keep their old meaning ------------------------------
     memory_cached = forwarded_as("memory_reserved")
     max_memory_cached = forwarded_as("max_memory_reserved")
@@ -282,14 +249,6 @@ class TorchCuda(Implementation):
     def set_sync_debug_mode(self, debug_mode) -> None:
         if debug_mode not in (0, 1, 2, "default", "warn", "error"):
             raise RuntimeError("invalid value of debug_mode, expected one of `default`, `warn`, `error`")
-
-    def make_graphed_callables(self, callables, sample_args, num_warmup_iters=3,
-                               allow_unused_input=False, pool=None):
-        # Without CUDA graphs the callables run eagerly, which computes the same values.
-        warn_once("make_graphed_callables",
-                  f"torch.cuda.make_graphed_callables: the '{self.backend.name}' backend has no "
-                  "CUDA graphs; the callables run eagerly")
-        return callables
 
     # --- legacy tensor and storage classes ----------------------------------------------
     @classmethod

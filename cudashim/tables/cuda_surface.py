@@ -30,7 +30,6 @@ BACKEND, SHIM, SAME, SUBMODULE, REFUSED, HARMLESS = (
     "backend", "shim", "same", "submodule", "refused", "harmless")
 
 _USE_DISTRIBUTED = "use torch.distributed collectives, which cudashim maps to the target's library"
-_NO_GRAPHS = "run the captured work eagerly (or with torch.compile) instead of as a CUDA graph"
 _NO_ALLOCATOR = "remove the call: the target's runtime manages its own memory"
 _NO_NVML = "query the device with its vendor's monitoring tool; NVML exists only for NVIDIA GPUs"
 _NO_CUDA_LIBS = "this handle belongs to a CUDA library (cuBLAS, cuSOLVER, cudart) the target lacks"
@@ -43,9 +42,6 @@ SURFACE: Dict[str, Dict[str, Tuple[str, str]]] = {
     "torch.cuda": {
         "CudaError": (SAME, None),
         "DeferredCudaCallError": (SAME, None),
-        "CUDAGraph": (REFUSED, _NO_GRAPHS),
-        "graph": (REFUSED, _NO_GRAPHS),
-        "graph_pool_handle": (REFUSED, _NO_GRAPHS),
         "ExternalStream": (REFUSED, "streams made outside torch exist only in the CUDA runtime"),
         "get_stream_from_external": (REFUSED, "streams made outside torch exist only in the CUDA runtime"),
         "GreenContext": (REFUSED, "green contexts partition NVIDIA SMs; run without them"),
