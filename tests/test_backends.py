@@ -104,6 +104,8 @@ def check_contract(backend, device_type):
     assert all(isinstance(speed, bool) for speed in fast.values())
     assert answer("sdpa_backends")
     assert isinstance(answer("can_pin_memory"), bool)
+    graphs = answer("native_graphs")                   # None: the fakes have no graphs of their own
+    assert graphs is None or hasattr(graphs, backend.graph_class)
     collective = backend.collective
     answered.add("collective")
     assert isinstance(collective, str) and collective != "nccl"
