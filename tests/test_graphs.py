@@ -25,7 +25,7 @@ def _program(tmp_path, *options, target=None):
 
 
 def _check_graphed_as_eager(seen, where):
-    for name in ("whole_network", "partial_network", "shared_pool", "decode"):
+    for name in ("whole_network", "whole_network_adam", "partial_network", "shared_pool", "decode"):
         assert seen[name]["graphed"] == seen[name]["eager"], f"{where}: {name}"
     assert len(seen["whole_network"]["graphed"]["losses"]) == 4
     assert len(set(seen["decode"]["graphed"]["tokens"])) > 1          # it generated, not repeated
@@ -37,7 +37,8 @@ def _check_graphed_as_eager(seen, where):
 
 
 def test_the_documentations_graphs_compute_what_eager_execution_does(tmp_path):
-    """Whole-network capture of a training step, make_graphed_callables, a shared pool and a
+    """Whole-network capture of a training step (SGD with momentum, and Adam with
+    ``capturable=True``), make_graphed_callables, a shared pool and a
     captured decode step: the same losses, parameters, gradients and tokens as eager, bit for
     bit; and torch.compile(mode="reduce-overhead") as the eager model (to rounding: inductor
     fuses), on the CPU backend and the test accelerator."""
@@ -241,3 +242,17 @@ def test_deactivation_gives_torch_its_own_graph_names_back():
         assert torch.cuda.CUDAGraph is not real[0]
     assert (torch.cuda.CUDAGraph, torch.cuda.graph, torch.cuda.make_graphed_callables) == real
     assert "cudashim.graphs" not in str(sys.modules["torch.cuda"].graph)
+
+
+def test_capturable_optimizers_step_on_the_target_and_the_table_comes_back():
+    import cudashim
+    import torch.optim.adam as adam
+    table = adam._get_capturable_supported_devices
+    assert "cpu" not in table()
+    with cudashim.activated(backend="cpu"):
+        model = torch.nn.Linear(2, 2).cuda()
+        optimizer = torch.optim.AdamW(model.parameters(), capturable=True)
+        model(torch.ones(1, 2, device="cuda")).sum().backward()
+        optimizer.step()
+        assert optimizer.state[model.weight]["step"].item() == 1
+    assert adam._get_capturable_supported_devices is table

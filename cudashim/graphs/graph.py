@@ -111,9 +111,11 @@ class RecordedGraph:
         self._replay()
 
     def reset(self) -> None:
-        """Forget the recording and free the memory the capture made."""
+        """Forget the recording and free the memory the capture made (a capture under way
+        ends, leaving what it wrote as it found it)."""
         if self._recorder is not None:
             self._recorder.__exit__(None, None, None)
+            self._recorder.undo(self._generators)
         self._recorder = self._steps = self._replay = None
 
     def pool(self):

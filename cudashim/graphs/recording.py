@@ -75,7 +75,7 @@ class Recorder(TorchDispatchMode):
         # Tensors from before the capture that it wrote, with their values before the first
         # write, restored when the capture ends; and the generators it drew from.
         self._saved: Dict[tuple, Tuple[torch.Tensor, torch.Tensor]] = {}
-        self._generators: Dict[int, Tuple[torch.Generator, torch.Tensor]] = {}
+        self._generators: Dict[int, tuple] = {}       # id -> (generator, its state)
 
     # --- the mode ---------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -89,7 +89,7 @@ class Recorder(TorchDispatchMode):
         for tensor in written:
             self._save_before_first_write(tensor)
         for leaf in leaves:
-            if isinstance(leaf, torch.Generator) and id(leaf) not in self._generators:
+            if isinstance(leaf, torch._C.Generator) and id(leaf) not in self._generators:
                 self._generators[id(leaf)] = (leaf, leaf.get_state())
         result = func(*args, **kwargs)
         outputs = tuple(t for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor))

@@ -44,6 +44,7 @@ GROUPS: Tuple[str, ...] = (
     "modules",         # nn.Module.to/to_empty
     "torch_accelerator",  # torch.accelerator.synchronize("cuda") and its other device arguments
     "amp",             # autocast, GradScaler, autocast state queries
+    "optimizers",      # capturable=True on the target's device, as CUDA graphs need it
     "precision",       # float16 matmuls in float32 where float16 is slow; TF32 flags mapped
     "serialization",   # torch.load(map_location=...)
     "data",            # DataLoader(pin_memory_device="cuda")

@@ -21,12 +21,15 @@ def numbers(tensors):
 
 
 # --- whole-network capture --------------------------------------------------------------
-def whole_network(graphed: bool) -> dict:
+def whole_network(graphed: bool, adam: bool = False) -> dict:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Dropout(0.1),
                                 torch.nn.Linear(32, 8)).cuda()
     loss_fn = torch.nn.MSELoss()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    if adam:                                 # its step counters on the device, no host reads
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01, capturable=True)
+    else:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     static_input = torch.randn(6, 16, device="cuda")
     static_target = torch.randn(6, 8, device="cuda")
     real_inputs = [torch.rand_like(static_input) for _ in range(steps)]
@@ -228,7 +231,9 @@ def compiled(graphed: bool) -> dict:
         return {"outputs": numbers([run(x + i) for i in range(3)])}
 
 
-scenarios = {"whole_network": whole_network, "partial_network": partial_network,
+scenarios = {"whole_network": whole_network,
+             "whole_network_adam": lambda graphed: whole_network(graphed, adam=True),
+             "partial_network": partial_network,
              "shared_pool": shared_pool, "decode": decode}
 if "--compile" in sys.argv:
     scenarios["compiled"] = compiled
