@@ -10,6 +10,8 @@ capturable path is written for any device, so the target joins the table.
 import importlib
 import sys
 
+import torch
+
 TABLE = "_get_capturable_supported_devices"
 
 
@@ -20,9 +22,17 @@ def install(activation):
         return
     target = activation.backend.device_type
 
-    def with_the_target(*args, **kwargs):
-        devices = original(*args, **kwargs)
+    def joined(devices):
         return devices if target in devices else [*devices, target]
+
+    # TorchScript compiles this too (torch.distributed.optim scripts its functional optimizers).
+    # So it keeps torch's signature, and the script compiler, which cannot read a closed-over
+    # string, skips the branch that adds the target (as it skips torch's own eager-only branch).
+    def with_the_target(supports_xla: bool = True) -> list[str]:
+        devices = original(supports_xla)
+        if not torch.jit.is_scripting():
+            devices = joined(devices)
+        return devices
 
     # Each optimizer module holds the function under its own name (``from .optimizer import``).
     holders = [module for name, module in list(sys.modules.items())
