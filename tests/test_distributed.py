@@ -139,3 +139,23 @@ def test_collectives_take_the_shapes_nccl_takes(world_of_one):
     assert scale.tolist() == [10.0]
     with pytest.raises(RuntimeError, match="invalid tensor size"):    # counts still must agree
         dist.all_gather([torch.zeros(2)], torch.tensor(3.0))
+
+
+def test_fsdp_without_a_device_id_takes_cudas_device(world_of_one):
+    # pytorch/examples' 2-D parallel example: FSDP over a device mesh, the module moved to
+    # "cuda" and no device_id; torch would refuse a module whose parameters are on the host.
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    dist.init_process_group("nccl", init_method=world_of_one, rank=0, world_size=1)
+    mesh = init_device_mesh("cuda", (1,))
+    torch.manual_seed(0)
+    model = FSDP(torch.nn.Linear(4, 2).to("cuda"), device_mesh=mesh, use_orig_params=True)
+    reference = torch.nn.Linear(4, 2)
+    reference.load_state_dict({k: v.clone() for k, v in model.state_dict().items()})
+    x = torch.randn(3, 4, device="cuda")
+    model(x).sum().backward()
+    reference(x).sum().backward()
+    grads = {name.rpartition(".")[2]: p.grad for name, p in model.named_parameters()}
+    assert torch.equal(grads["weight"], reference.weight.grad)
+    dist.destroy_process_group()

@@ -183,6 +183,8 @@ def install(activation):
                            _sync_batch_norm.ddp_accepts_it_on_the_host)
         activation.when_imported(FSDP_MODULE, lambda module: activation.replace(
             module.FullyShardedDataParallel, "set_state_dict_type", _state_dicts_without_offload))
+        activation.when_imported(FSDP_MODULE, lambda module: activation.replace(
+            module, "_init_device_handle", _fsdp_device_on_the_host))
 
     _ddp_pinned.install(activation)
 
@@ -271,6 +273,19 @@ def _state_dicts_without_offload(original):
         return original(module, state_dict_type, without_offload(state_dict_config),
                         without_offload(optim_state_dict_config))
     return staticmethod(set_state_dict_type)
+
+
+def _fsdp_device_on_the_host(original):
+    """FSDP without ``device_id`` takes its device from the module's parameters, or from torch's
+    accelerator when they are on the host; with none it refuses ("FSDP needs a non-CPU
+    accelerator device"). A CUDA module moved to CUDA's devices on the CPU backend has its
+    parameters on the host, where CUDA's would be on its device: that device is the host."""
+    @functools.wraps(original)
+    def init_device_handle(state, module, ignored_params, device_id):
+        if device_id is None:
+            device_id = torch.device("cpu")
+        return original(state, module, ignored_params, device_id)
+    return init_device_handle
 
 
 def _splitting_anywhere(original, c10d, new_group):
