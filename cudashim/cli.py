@@ -4,7 +4,8 @@
     cudashim run [options] script.py args...           (the same)
     cudashim doctor [--backend NAME] [--kernels | --fast-path] (what cudashim sees here)
     cudashim image-env [--dockerfile] [--backend NAME ...] (the lines that shim every Python in an image)
-    cudashim scan [PATH ...] [--backend NAME] [--json] (what will carry over, read before running)
+    cudashim scan [PATH ...] [--backend NAME] [--format text|json|sarif] [--explain RULE]
+                                                       (what will carry over, read before running)
 """
 
 from __future__ import annotations
@@ -164,7 +165,15 @@ def main(argv: Optional[List[str]] = None) -> None:
     scan.add_argument("--backend",
                       help=f"classify for this target: auto (this machine's, the default), "
                            f"{', '.join(backends.built_in())} [{_settings.BY_NAME['backend'].env}]")
-    scan.add_argument("--json", action="store_true", help="print the findings as JSON")
+    scan.add_argument("--device-count", type=int, metavar="N",
+                      help="the CUDA devices the run will see, as `python -m cudashim "
+                           "--device-count N` (default: the run's own default)")
+    scan.add_argument("--format", choices=("text", "json", "sarif"), default=None,
+                      help="text (the default), json (stable: its 'format' key versions it), or "
+                           "sarif (SARIF 2.1.0, for code-scanning services)")
+    scan.add_argument("--json", action="store_true", help="the same as --format json")
+    scan.add_argument("--explain", metavar="RULE",
+                      help="print what a rule (its id, CS201, or name) means and what decides it")
     if argv[:1] == ["run"]:
         return run_main(argv[1:], prog="cudashim run")
     ns = parser.parse_args(argv)
@@ -203,11 +212,21 @@ def _scan(parser, ns) -> int:
         backend = _settings.load(backend=ns.backend).backend   # the option, else the variable
     except ValueError as exc:                                  # an unknown backend is one too
         parser.error(str(exc))
-    progress = _progress_line if sys.stderr.isatty() and not ns.json else None
-    result = scan(ns.paths, backend=backend, progress=progress)
+    if ns.explain:
+        try:
+            sys.stdout.write(output.explain(ns.explain))
+        except KeyError as exc:
+            parser.error(exc.args[0])
+        return 0
+    if ns.device_count is not None and ns.device_count < 0:
+        parser.error(f"--device-count {ns.device_count}: the device count cannot be negative")
+    format = "json" if ns.json else ns.format or "text"
+    progress = _progress_line if sys.stderr.isatty() and format == "text" else None
+    result = scan(ns.paths, backend=backend, progress=progress, device_count=ns.device_count)
     if progress is not None:
         sys.stderr.write("\r\033[K")
-    sys.stdout.write(output.as_json(result) if ns.json else output.as_text(result))
+    write = {"text": output.as_text, "json": output.as_json, "sarif": output.as_sarif}[format]
+    sys.stdout.write(write(result))
     return result.exit_status
 
 

@@ -46,7 +46,8 @@ def test_every_finding_in_the_tree_is_expected_and_every_expected_one_is_found(m
 
 def test_fixes_name_the_concrete_replacement(monkeypatch):
     result = _scan(["."], monkeypatch=monkeypatch)
-    fixes = {(f.path, f.line): f.fix for f in result.findings if f.kind == "needs a change"}
+    fixes = {(f.path, f.line): f.fix for f in result.findings
+             if f.kind in ("needs a change", "runs differently")}
     assert fixes[("train.py", 22)] == "x.is_cuda"
     # th is torch here: the fix is written with the file's own alias
     assert fixes[("telemetry.py", 19)] == "name.startswith(th.device('cuda').type)"
@@ -65,9 +66,13 @@ def test_what_a_finding_becomes_is_named_for_the_target(monkeypatch):
                                          "backend's virtual device 0)")
     assert cpu[("ddp_setup.py", 13)] == "the process-group backend 'nccl' becomes 'gloo'"
     from cudashim.scan.target import Target
-    assert Target.named("cpu").device("cuda:1", 1)[1] == (
-        "the device 'cuda:1' becomes 'cpu' (host memory, the CPU backend's virtual device 1; run "
-        "with --device-count 2 or more)")
+    assert Target.named("cpu", device_count=2).device("cuda:1", 1) == (
+        "handled", "the device 'cuda:1' becomes 'cpu' (host memory, the CPU backend's virtual "
+        "device 1)", None)
+    kind, what, fix = Target.named("cpu", device_count=1).device("cuda:1", 1)
+    assert (kind, fix) == ("needs a change", "run with --device-count 2 (CUDASHIM_DEVICE_COUNT), "
+                                             "and scan with the same option")
+    assert what.startswith("the device 'cuda:1' does not exist in the run: it sees 1 CUDA device")
     assert cpu[("ddp_setup.py", 18)].startswith("a TF32 flag: it turns the target's reduced-precision")
     assert cpu[("train.py", 15)] == "a CUDA library flag: setting it is harmless where it does not apply"
     xpu = _scan(["."], backend="xpu", monkeypatch=monkeypatch)
@@ -140,13 +145,13 @@ def test_aliases_and_devices_assigned_in_the_same_function(tmp_path, monkeypatch
     found = {(f.line, f.kind) for f in result.findings}
     assert found == {(3, "handled"),           # from torch.cuda import empty_cache as free
                      (7, "handled"),           # th.device("cuda")
-                     (8, "needs a change"),    # dev.type == "cuda"
+                     (8, "runs differently"),  # dev.type == "cuda": the synchronize is skipped
                      (9, "handled"),           # cuda.synchronize()
-                     (12, "needs a change"),   # label != "cuda", label made from a device
+                     (12, "runs differently"), # label != "cuda", label made from a device
                      (16, "handled"),          # "cuda", a spec the program holds
                      (21, "handled"),          # the same: comparing its own strings is fine
-                     (26, "needs a change")}   # an f-string of a device
-    fixes = {f.line: f.fix for f in result.findings if f.kind == "needs a change"}
+                     (26, "runs differently")} # an f-string of a device
+    fixes = {f.line: f.fix for f in result.findings if f.kind == "runs differently"}
     assert fixes[8] == "dev.type == th.device('cuda').type"
     assert fixes[12] == "not batch.is_cuda"             # label came from batch.device
     assert fixes[26] == "f'{dev}' == str(th.device('cuda:0'))"
@@ -171,7 +176,7 @@ def test_command_line_summary_json_and_exit_status(tmp_path):
     blocked = _cudashim_scan("--backend", "cpu", str(TREE), cwd=TREE)
     assert blocked.returncode == 1, blocked.stderr
     lines = blocked.stdout.splitlines()
-    assert lines[0].startswith("cudashim scan: 8 files for the 'cpu' backend")
+    assert lines[0].startswith("cudashim scan: 9 files for the 'cpu' backend")
     needs_a_change = sum(1 for mark in _marks(TREE) if mark[2] == "needs a change")
     assert lines[2].split() == ["needs", "a", "change", str(needs_a_change)]
     assert "files with blockers:" in blocked.stdout
@@ -180,7 +185,7 @@ def test_command_line_summary_json_and_exit_status(tmp_path):
     clean = _cudashim_scan("--json", "clean.py", cwd=tmp_path)
     assert clean.returncode == 0, clean.stderr
     assert json.loads(clean.stdout)["summary"] == {"needs a change": 0, "cannot run here": 0,
-                                                   "handled": 0}
+                                                   "runs differently": 0, "handled": 0}
 
     bad = _cudashim_scan("--json", ".", "missing.py", cwd=tmp_path)
     assert bad.returncode == 2
@@ -304,3 +309,130 @@ def test_doctor_says_the_same_of_each_framework():
     assert list(framework_lines(vulkan))[2].endswith("(needs a change)")
     cuda = types.SimpleNamespace(redirects=False, device_type="cuda", deepspeed_accelerator=None)
     assert all(line.endswith(": native CUDA") for line in framework_lines(cuda))
+
+
+def test_prose_is_never_code_and_does_not_block(tmp_path):
+    # What a new user writes first: setup prints, a help text, a caught nvidia-smi.
+    (tmp_path / "check.py").write_text(textwrap.dedent("""\
+        import argparse, logging, subprocess, warnings
+        import torch
+
+        parser = argparse.ArgumentParser(description="needs cuda:0 and nccl")
+        parser.add_argument("--sync", help="call torch.cuda.synchronize() each step")
+        print("torch.cuda.is_available():", torch.cuda.is_available())
+        logging.info("using %s on cuda:1 with nvidia-smi", "nccl")
+        warnings.warn("torch.cuda.amp.autocast is deprecated on cuda")
+        assert torch.ones(1).sum() == 1, "cuda:0 broke"
+        try:
+            subprocess.run(["nvidia-smi"], check=True)
+        except FileNotFoundError as e:
+            print("nvidia-smi missing:", e)
+        """))
+    result = _cudashim_scan("--json", "--backend", "cpu", "check.py", cwd=tmp_path)
+    report = json.loads(result.stdout)
+    assert result.returncode == 0, report["findings"]
+    found = {(f["line"], f["kind"], f["rule"]) for f in report["findings"]}
+    assert found == {(6, "handled", "CS101"),            # the call printed, not the label
+                     (11, "runs differently", "CS203")}  # nvidia-smi, caught
+
+
+def test_a_device_name_test_blocks_only_where_the_path_taken_stops(monkeypatch):
+    found = {(f.path, f.line): f for f in _scan(["."], monkeypatch=monkeypatch).findings}
+    skipped = found[("telemetry.py", 8)]
+    assert skipped.kind == "runs differently"
+    assert skipped.what.endswith("the test is False on the target: lines 9-10 "
+                                 "(memory_allocated, print) are skipped")
+    raising = found[("judged.py", 31)]
+    assert raising.kind == "needs a change" and raising.fix == "not x.is_cuda"
+    assert raising.what.endswith("the test is True on the target, and the branch taken raises")
+    assert found[("judged.py", 34)].what.endswith("the branch taken exits (sys.exit('run on cuda:0'))")
+    assert found[("judged.py", 33)].what.endswith("the assertion fails on the target")
+
+
+def test_device_indices_are_judged_for_the_devices_the_run_has(monkeypatch):
+    one = {(f.path, f.line): f for f in _scan(["judged.py"], monkeypatch=monkeypatch).findings}
+    assert one[("judged.py", 44)].kind == "needs a change"
+    from cudashim.scan import scan
+    two = {(f.path, f.line): f for f in scan(["judged.py"], backend="cpu", device_count=2).findings}
+    assert two[("judged.py", 44)].kind == "handled"
+    assert two[("judged.py", 44)].what == "runs over the target's devices [0, 1]"
+    monkeypatch.setenv("CUDASHIM_DEVICE_COUNT", "2")          # the run's own variable counts too
+    again = {(f.path, f.line): f.kind for f in scan(["judged.py"], backend="cpu").findings}
+    assert again[("judged.py", 44)] == "handled"
+
+
+def test_sarif_explain_and_json_carry_the_rules(tmp_path):
+    from cudashim.scan import catalog
+
+    sarif = _cudashim_scan("--format", "sarif", "--backend", "cpu", ".", cwd=TREE)
+    assert sarif.returncode == 1                             # the same exit status as text
+    log = json.loads(sarif.stdout)
+    assert log["version"] == "2.1.0"
+    run = log["runs"][0]
+    rules = [rule["id"] for rule in run["tool"]["driver"]["rules"]]
+    blockers = sum(1 for mark in _marks(TREE) if mark[2] in ("needs a change", "cannot run here"))
+    assert sum(1 for r in run["results"] if r["level"] == "error") == blockers
+    for result in run["results"]:
+        assert rules[result["ruleIndex"]] == result["ruleId"] and result["ruleId"] in catalog.RULES
+        location = result["locations"][0]["physicalLocation"]
+        assert (TREE / location["artifactLocation"]["uri"]).is_file()
+        assert location["region"]["startLine"] >= 1
+
+    explained = _cudashim_scan("--explain", "device-name-compare", cwd=tmp_path)
+    assert explained.returncode == 0
+    assert explained.stdout.startswith("CS201 (device-name-compare)")
+    assert _cudashim_scan("--explain", "cs201", cwd=tmp_path).stdout == explained.stdout
+    unknown = _cudashim_scan("--explain", "CS999", cwd=tmp_path)
+    assert unknown.returncode == 2 and "no scan rule 'CS999'" in unknown.stderr
+
+    report = json.loads(_cudashim_scan("--json", "--backend", "cpu", ".", cwd=TREE).stdout)
+    assert report["format"] == 2 and report["device_count"] == 1
+    assert {f["rule"] for f in report["findings"]} <= set(catalog.RULES)
+
+
+def test_every_runtime_table_entry_reaches_a_scan_rule(tmp_path, monkeypatch):
+    """A runtime decision the scan does not know fails here: each entry of the runtime's tables,
+    written as a program would use it, gives a finding of the rule that reads that table."""
+    from cudashim.patches import _nccl_environment, frameworks
+    from cudashim.scan import catalog
+    from cudashim.tables import device_parameters, dtype_gaps, libraries
+
+    uses = []                                  # (source line, the rule it must reach)
+    uses += [(f"torch.{name}(x)", "kernel-gap") for name in dtype_gaps.GAPS]
+    uses += [(f"{key.partition('(')[0].replace(':', '.')}()", "private-entry-point")
+             for key in device_parameters.PRIVATE_ENTRY_POINTS if not key.startswith("torch.cuda:")]
+    uses += [(f"torch.cuda.{key.partition(':')[2].partition('(')[0]}", "private-entry-point")
+             for key in device_parameters.PRIVATE_ENTRY_POINTS if key.startswith("torch.cuda:")]
+    told = {"Lightning": "accelerator='gpu'", "Ray": "use_gpu=True"}   # as GPU programs say it
+    uses += [(f"{name}({told.get(framework, '')})", "framework-accelerator")
+             for name, framework in frameworks.ENTRY_POINTS.items()]
+    uses += [(f"os.environ[{name!r}]", "nccl-environment")
+             for entry in _nccl_environment.TABLE for name in entry.names]
+    from cudashim import substitutes
+    uses += [(f"import {name}", "substituted-library"
+              if substitutes.library_of(name) is not None and substitutes.provides(name)
+              else "cuda-only-library")
+             for name, library in libraries.LIBRARIES.items()
+             if library.way_out or library.stand_in]
+    uses += [(f"torch.cuda.{name}", "cuda-graphs") for name in
+             ("CUDAGraph", "graph", "graph_pool_handle", "make_graphed_callables",
+              "is_current_stream_capturing")]
+    uses += [(f"{name}()", "version-answer") for name in rules_module().VERSION_ANSWERS]
+    imports = sorted({use.split(".")[0] for use, _ in uses if not use.startswith(("import", "os"))})
+    header = ["import os", *(f"import {name.rstrip('()')}" for name in imports)]
+    (tmp_path / "uses.py").write_text("\n".join(header + [use for use, _ in uses]) + "\n")
+    result = _scan(["uses.py"], cwd=tmp_path, monkeypatch=monkeypatch)
+    by_line = {}
+    for finding in result.findings:
+        by_line.setdefault(finding.line, set()).add(finding.rule)
+    for number, (use, rule) in enumerate(uses, len(header) + 1):
+        assert catalog.BY_NAME[rule].id in by_line.get(number, set()), (use, by_line.get(number))
+    # and no rule of the catalog is dead: each is reached here or in the tree
+    reached = {f.rule for f in result.findings} | \
+        {f.rule for f in _scan(["."], monkeypatch=monkeypatch).findings}
+    assert reached == set(catalog.RULES)
+
+
+def rules_module():
+    from cudashim.scan import rules
+    return rules

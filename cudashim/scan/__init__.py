@@ -6,11 +6,14 @@ Python sources are parsed with ``ast``, never imported. Every CUDA usage is one 
 - **needs a change**: no runtime shim can catch it (a string compare with the real device),
   with the fix;
 - **cannot run here**: native CUDA code (a CUDA C++ extension, triton or CuPy kernels, a CUDA
-  library loaded by hand), with the way out.
+  library loaded by hand), with the way out;
+- **runs differently**: it runs, on another path than on CUDA (a ``device.type == "cuda"``
+  branch the target does not take), and the finding says which.
 
 The scan follows the program: the files named, the Python files in folders named, and the
 local modules they import. ``ScanResult.exit_status`` is 0 when nothing blocks the program,
-1 when something needs a change or cannot run here, 2 when an input could not be read.
+1 when something needs a change or cannot run here (what blocks the run), 2 when an input
+could not be read. Each finding names its rule (``catalog.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,10 @@ from .files import LocalModules, python_files
 from .findings import BLOCKERS, CLASSES, Finding
 from .rules import FileScanner
 from .target import Target
+
+
+# The version of ``--json``'s layout: it changes only when a key changes meaning or goes.
+JSON_FORMAT = 2
 
 
 @dataclasses.dataclass
@@ -52,7 +59,8 @@ class ScanResult:
 
     def as_dict(self) -> dict:
         counts = self.counts()
-        return {"backend": self.target.name, "device_type": self.target.device_type,
+        return {"format": JSON_FORMAT, "backend": self.target.name,
+                "device_type": self.target.device_type, "device_count": self.target.device_count,
                 "backend_chosen": self.target.how_chosen, "files_scanned": len(self.files),
                 "summary": {kind: counts.get(kind, 0) for kind in CLASSES},
                 "files_with_blockers": dict(sorted(self.blocked_files().items())),
@@ -61,9 +69,11 @@ class ScanResult:
 
 
 def scan(paths: Iterable[str] = (".",), backend: str = "auto",
-         progress: Optional[Callable[[int, int], None]] = None) -> ScanResult:
-    """Scan ``paths`` (files or folders) for the backend named (``auto``: this machine's)."""
-    target = Target.named(backend)
+         progress: Optional[Callable[[int, int], None]] = None,
+         device_count: Optional[int] = None) -> ScanResult:
+    """Scan ``paths`` (files or folders) for the backend named (``auto``: this machine's), for a
+    run that sees ``device_count`` CUDA devices (None: the run's default)."""
+    target = Target.named(backend, device_count)
     queue, queued, roots, errors = deque(), set(), [], []
 
     def enqueue(files: Iterable[Path]) -> None:

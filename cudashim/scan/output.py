@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import List
 
-from . import ScanResult
-from .findings import CLASSES, NEEDS_CHANGE
+from .. import __version__
+from . import ScanResult, catalog
+from .findings import BLOCKERS, CLASSES, DIFFERS, NEEDS_CHANGE
 
 
 def as_text(result: ScanResult) -> str:
@@ -30,12 +32,59 @@ def as_text(result: ScanResult) -> str:
         lines += ["", f"{kind}:"]
         for finding in found:
             lines.append(f"  {finding.path}:{finding.line}:{finding.column}  {finding.code}")
-            lines.append(f"      {finding.what}")
+            lines.append(f"      {finding.what}  [{finding.rule}]")
             if finding.fix:
-                label = "fix" if kind == NEEDS_CHANGE else "way out"
+                label = "fix" if kind in (NEEDS_CHANGE, DIFFERS) else "way out"
                 lines.append(f"      {label}: {finding.fix}")
     return "\n".join(lines) + "\n"
 
 
 def as_json(result: ScanResult) -> str:
     return json.dumps(result.as_dict(), indent=2) + "\n"
+
+
+def explain(name_or_id: str) -> str:
+    """``--explain RULE``: what the rule means and what decides it at run time."""
+    rule = catalog.rule(name_or_id)
+    return (f"{rule.id} ({rule.name})\n\n{rule.explanation}\n\n"
+            f"decided at run time by: {rule.decided_by}\n")
+
+
+# SARIF levels: what blocks the run is an error; a different path a note; handled, none.
+_LEVELS = {kind: "error" for kind in BLOCKERS}
+_LEVELS[DIFFERS] = "note"
+
+
+def as_sarif(result: ScanResult) -> str:
+    """SARIF 2.1.0, as code-scanning services read it: one run, the rules, a result per finding
+    that blocks or runs differently (handled usages are not problems)."""
+    used = sorted({finding.rule for finding in result.findings})
+    rules = [{"id": rule.id, "name": rule.name,
+              "shortDescription": {"text": rule.explanation.split(". ")[0].rstrip(".") + "."},
+              "fullDescription": {"text": rule.explanation},
+              "help": {"text": f"{rule.explanation} Decided at run time by: {rule.decided_by}."}}
+             for rule in (catalog.RULES[rule_id] for rule_id in used)]
+    results = []
+    for finding in result.findings:
+        if finding.kind not in _LEVELS:
+            continue
+        message = finding.what + (f" Fix: {finding.fix}" if finding.fix else "")
+        results.append({
+            "ruleId": finding.rule, "ruleIndex": used.index(finding.rule),
+            "level": _LEVELS[finding.kind], "message": {"text": message},
+            "properties": {"class": finding.kind},
+            "locations": [{"physicalLocation": {
+                "artifactLocation": {"uri": Path(finding.path).as_posix()},
+                "region": {"startLine": finding.line, "startColumn": finding.column,
+                           "snippet": {"text": finding.code}}}}]})
+    log = {"$schema": "https://json.schemastore.org/sarif-2.1.0.json", "version": "2.1.0",
+           "runs": [{"tool": {"driver": {"name": "cudashim scan", "version": __version__,
+                                         "rules": rules}},
+                     "properties": {"backend": result.target.name,
+                                    "deviceType": result.target.device_type},
+                     "invocations": [{"executionSuccessful": not result.errors,
+                                      "toolExecutionNotifications": [
+                                          {"level": "error", "message": {"text": error}}
+                                          for error in result.errors]}],
+                     "results": results}]}
+    return json.dumps(log, indent=2) + "\n"

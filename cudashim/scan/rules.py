@@ -29,8 +29,9 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from .. import substitutes
 from ..patches import _nccl_environment as nccl_environment, extensions, frameworks
-from . import libraries
-from .findings import CANNOT_RUN, HANDLED, NEEDS_CHANGE, Finding
+from ..tables import device_parameters, dtype_gaps
+from . import catalog, libraries
+from .findings import CANNOT_RUN, DIFFERS, HANDLED, NEEDS_CHANGE, Finding
 from .target import Target
 
 # String methods whose result still carries the device's name (``str(d).split(":")[0]``).
@@ -43,6 +44,20 @@ _NEGATIONS = (ast.NotEq, ast.NotIn, ast.IsNot)
 # A device spec built from an index: "cuda:%d" % rank, "cuda:{}".format(rank).
 _DEVICE_TEMPLATE = re.compile(r"cuda:(\{[^{}]*\}|%[dis])")
 _DEVICE_OBJECT, _DEVICE_STRING, _OTHER = "device", "device string", "other"
+# Where a string is prose, never code: what a program prints, logs, warns or raises, and the
+# help texts it gives argparse and the like.
+_PROSE_FUNCTIONS = frozenset({"print", "input"})
+_PROSE_METHODS = frozenset({"debug", "info", "warning", "warn", "error", "critical", "exception",
+                            "log", "write", "echo", "set_description", "set_postfix_str",
+                            "add_note", "fail", "skipTest"})
+_PROSE_KEYWORDS = frozenset({"help", "description", "epilog", "usage", "msg", "message", "desc",
+                             "title", "doc", "reason"})
+_EXCEPTION_NAME = re.compile(r"(Error|Exception|Warning)$")
+# Calls that end the program: a branch that makes one stops where CUDA's went on.
+_EXITS = frozenset({"sys.exit", "exit", "quit", "os._exit", "os.abort"})
+# torch.cuda's CUDA-graph names (cudashim/graphs serves them)
+_GRAPH_NAMES = frozenset({"CUDAGraph", "graph", "graph_pool_handle", "make_graphed_callables",
+                          "is_current_stream_capturing"})
 
 
 @functools.lru_cache(maxsize=4096)
@@ -77,11 +92,27 @@ class FileScanner(ast.NodeVisitor):
         self.import_statements: List[ast.AST] = []
         self.scopes: List[Dict[str, Tuple[str, Optional[ast.expr]]]] = [{}]
         self.torch_name = "torch"
+        self.parents: Dict[ast.AST, ast.AST] = {}
+        self.prose = 0                              # > 0 while visiting prose
+        self.uses_autocast = False
 
     def scan(self, tree: ast.AST) -> List[Finding]:
         self._collect_imports(tree)
+        for parent in ast.walk(tree):
+            for child in ast.iter_child_nodes(parent):
+                self.parents[child] = parent
+        self.uses_autocast = any(
+            "autocast" in (self.qualify(node) or getattr(node, "attr", ""))
+            for node in ast.walk(tree) if isinstance(node, (ast.Attribute, ast.Name)))
         self.visit(tree)
         return self.findings
+
+    def _visit_as_prose(self, node) -> None:
+        self.prose += 1
+        try:
+            self.visit(node)
+        finally:
+            self.prose -= 1
 
     # --- names --------------------------------------------------------------------------
     def _collect_imports(self, tree: ast.AST) -> None:
@@ -153,12 +184,12 @@ class FileScanner(ast.NodeVisitor):
         return None
 
     # --- findings -----------------------------------------------------------------------
-    def _add(self, node: ast.AST, verdict: Tuple[str, str, Optional[str]]) -> None:
+    def _add(self, node: ast.AST, verdict: Tuple[str, str, Optional[str]], rule: str) -> None:
         kind, what, fix = verdict
         line = getattr(node, "lineno", 1)
         code = self.lines[line - 1].strip() if 0 < line <= len(self.lines) else ""
         self.findings.append(Finding(self.path, line, getattr(node, "col_offset", 0) + 1,
-                                     code[:160], kind, what, fix))
+                                     code[:160], kind, what, fix, catalog.BY_NAME[rule].id))
 
     def _native_or(self, language: str, verdict):
         return (HANDLED, f"native {language.upper() if language == 'cuda' else language} code, "
@@ -228,13 +259,14 @@ class FileScanner(ast.NodeVisitor):
             self._add(node, (HANDLED, f"imports {module}: substituted, cudashim serves its stand-in "
                                       f"on torch operations where the real {stand_in.name} "
                                       f"cannot work, even where something imported it before "
-                                      f"cudashim activated", None))
+                                      f"cudashim activated", None), "substituted-library")
             return True
         found = libraries.cuda_only_library(module)
         if found is None:
             return False
         name, what, way_out = found
-        self._add(node, self._native_or("cuda", (CANNOT_RUN, f"imports {name}: {what}", way_out)))
+        self._add(node, self._native_or("cuda", (CANNOT_RUN, f"imports {name}: {what}", way_out)),
+                  "cuda-only-library")
         return True
 
     def _kernel_decorators(self, node) -> None:
@@ -245,7 +277,7 @@ class FileScanner(ast.NodeVisitor):
                 if qualified.startswith(prefix):
                     self._add(decorator, self._native_or(language, (
                         CANNOT_RUN, f"a {language} kernel ('{node.name}') compiled for NVIDIA GPUs",
-                        libraries.KERNEL_WAY_OUT)))
+                        libraries.KERNEL_WAY_OUT)), "cuda-kernel")
                     return
 
     # --- names the runtime redirects -----------------------------------------------------
@@ -256,41 +288,114 @@ class FileScanner(ast.NodeVisitor):
             return                                          # a dotted name: nothing inside
         if node.attr == "is_cuda":
             self._add(node, (HANDLED, f"True for tensors on the {self.target.device_type} device"
-                                      if self.target.redirects else "native CUDA", None))
+                                      if self.target.redirects else "native CUDA", None), "tensor-device")
         self.generic_visit(node)
 
     def _qualified(self, node, name: str) -> None:
         target = self.target
         if name == "torch.cuda" or name.startswith("torch.cuda."):
             kind, what, fix = target.cuda_name(name)
-            self._add(node, (kind, f"{name}: {what}", fix))
+            self._add(node, (kind, f"{name}: {what}", fix), _cuda_rule(name))
         elif name.startswith(("torch.backends.cuda.", "torch.backends.cudnn.")) \
                 and name.endswith(("allow_tf32", "fp32_precision")):
             self._add(node, (HANDLED, "a TF32 flag: it turns the target's reduced-precision float32 "
                                       "matmul on and off where it has one (--tf32)"
-                                      if target.redirects else "native CUDA", None))
+                                      if target.redirects else "native CUDA", None), "cuda-flag")
         elif name in VERSION_ANSWERS:
             self._add(node, (HANDLED, f"{name}(): {VERSION_ANSWERS[name]}, from the CUDA build the "
                                       "program hears (--cuda-version), which torch.version.cuda, "
                                       "NCCL's and NVML's versions agree with"
-                                      if target.redirects else "native CUDA", None))
+                                      if target.redirects else "native CUDA", None), "version-answer")
         elif name.startswith(("torch.backends.cuda.", "torch.backends.cudnn.")):
             self._add(node, (HANDLED, "a CUDA library flag: setting it is harmless where it does "
-                                      "not apply" if target.redirects else "native CUDA", None))
+                                      "not apply" if target.redirects else "native CUDA", None),
+                      "cuda-flag")
+        elif name in _PRIVATE_ENTRIES:
+            self._private_entry(node, name)
         elif name == "torch.version.cuda":
             self._add(node, (HANDLED, "the CUDA version cudashim's callers hear (--cuda-version)"
-                                      if target.redirects else "native CUDA", None))
+                                      if target.redirects else "native CUDA", None), "version-answer")
         elif name.startswith("torch.distributed.") and name.endswith(".NCCL"):
-            self._add(node, target.process_group("nccl"))
+            self._add(node, target.process_group("nccl"), "process-group")
         elif name == "torch.utils.cpp_extension.CUDA_HOME":
             self._add(node, (NEEDS_CHANGE, "the CUDA toolkit's location, which the target does "
-                                           "not have", "build without the CUDA toolkit"))
+                                           "not have", "build without the CUDA toolkit"),
+                      "cuda-toolkit")
+
+    def _private_entry(self, node, name: str) -> None:
+        entry = _PRIVATE_ENTRIES[name]
+        if not self.target.redirects:
+            self._add(node, (HANDLED, "native CUDA", None), "private-entry-point")
+        elif entry.how.endswith(device_parameters.ABSENT_OFF_CUDA):
+            guarded = any(isinstance(n, ast.Call) and getattr(n.func, "id", "") == "hasattr"
+                          for test in self._tests_around(node) for n in ast.walk(test))
+            self._add(node, (DIFFERS if guarded else NEEDS_CHANGE,
+                             f"{name}: a private binding that exists only in CUDA builds of torch"
+                             + ("; the program checks hasattr first" if guarded else ""),
+                             None if guarded else "use the public torch.cuda API it stands for"),
+                      "private-entry-point")
+        else:
+            self._add(node, (HANDLED, f"{name}: {entry.how}", None), "private-entry-point")
+
+    def _looked_up(self, node) -> Optional[str]:
+        """'looks for it first' where the string is only looked up (shutil.which("nvcc"))."""
+        call = self.parents.get(node)
+        if isinstance(call, ast.Call) and self.qualify(call.func) in _LOOKUPS:
+            return f"only looks for it ({self.qualify(call.func)}), and finds none"
+        return None
+
+    def _caught(self, node) -> Optional[str]:
+        """The handler that catches a missing program's failure around ``node``, if one does."""
+        child, parent = node, self.parents.get(node)
+        while parent is not None:
+            if isinstance(parent, ast.Try) and child in parent.body:
+                for handler in parent.handlers:
+                    caught = handler.type
+                    names = [caught] if not isinstance(caught, ast.Tuple) else caught.elts
+                    for name in names:
+                        text = "except:" if name is None else ast.unparse(name)
+                        if name is None or text.rpartition(".")[2] in _CATCHES_MISSING_PROGRAM:
+                            return f"catches the failure ({'except ' + text if name else text})"
+            child, parent = parent, self.parents.get(parent)
+        return None
+
+    def _tests_around(self, node):
+        """The statement holding ``node`` and the tests of the ifs and whiles around it."""
+        child, parent = node, self.parents.get(node)
+        while parent is not None and not isinstance(child, ast.stmt):
+            child, parent = parent, self.parents.get(parent)
+        yield child
+        while parent is not None:
+            if isinstance(parent, (ast.If, ast.While)) and child in parent.body:
+                yield parent.test
+            child, parent = parent, self.parents.get(parent)
 
     # --- calls ------------------------------------------------------------------------------
     def visit_Call(self, node):
         func = node.func
         qualified = self.qualify(func) or ""
+        if self._prose_call(func, qualified):
+            self.visit(func)
+            for part in (*node.args, *(keyword.value for keyword in node.keywords)):
+                self._visit_as_prose(part)
+            return
+        prose, self.prose = self.prose, 0       # print(subprocess.run(["nvidia-smi"])) runs it
+        try:
+            self._visit_call(node, func, qualified)
+        finally:
+            self.prose = prose
+
+    def _visit_call(self, node, func, qualified: str) -> None:
         builder = qualified.rpartition(".")[2]
+        called = qualified or (func.attr if isinstance(func, ast.Attribute) else
+                               func.id if isinstance(func, ast.Name) else "")
+        if called.rpartition(".")[2] in _DATA_PARALLEL:
+            self._device_ids(node)
+        elif qualified in _GAP_FUNCTIONS:
+            dtypes = ", ".join(dtype_gaps.GAPS[qualified[len("torch."):]][0])
+            self._add(node, (HANDLED, f"{qualified}: its CUDA kernel takes {dtypes}, which the "
+                                      f"target's may not; cudashim's kernels fill the gap"
+                             if self.target.redirects else "native CUDA", None), "kernel-gap")
         if qualified == f"{extensions.MODULE}.{builder}" and builder in extensions.BUILDERS:
             self._extension(node, builder)
         elif qualified.startswith("ctypes") and self._loaded_library(node):
@@ -301,10 +406,15 @@ class FileScanner(ast.NodeVisitor):
             choice = next((_literal(k.value) for k in node.keywords if k.arg == keyword), None) if keyword else None
             verdict = self.target.framework_call(framework, choice if isinstance(choice, (str, bool)) else None)
             if verdict is not None:
-                self._add(node, verdict)
+                self._add(node, verdict, "framework-accelerator")
         elif isinstance(func, ast.Attribute) and func.attr == "cuda" and not qualified:
-            self._add(func, (HANDLED, f".cuda() moves to the {self.target.device_type} device"
-                                      if self.target.redirects else "native CUDA", None))
+            index = _literal(node.args[0]) if node.args else None
+            if isinstance(index, int) and not isinstance(index, bool) and self.target.lacks(index):
+                self._add(func, self.target.device(f"cuda:{index}", index), "device-spec")
+            else:
+                self._add(func, (HANDLED, f".cuda() moves to the {self.target.device_type} device"
+                                          if self.target.redirects else "native CUDA", None),
+                          "tensor-device")
         elif isinstance(func, ast.Attribute) and func.attr in _STRING_TESTS and node.args:
             literal = self._cuda_literal(node.args[0])
             device = self._device_string(func.value) if literal else None
@@ -312,7 +422,43 @@ class FileScanner(ast.NodeVisitor):
                 self._string_compare(node, device, literal, negated=False, substring=True)
                 self.visit(func.value)
                 return
-        self.generic_visit(node)
+        elif qualified in ("torch.cuda.set_device", "torch.device") and node.args:
+            index = _literal(node.args[-1])
+            if isinstance(index, int) and not isinstance(index, bool) and self.target.lacks(index):
+                self._add(node, self.target.device(f"cuda:{index}", index), "device-spec")
+        self.visit(func)
+        for argument in node.args:
+            self.visit(argument)
+        for keyword in node.keywords:
+            if keyword.arg in _PROSE_KEYWORDS:
+                self._visit_as_prose(keyword.value)
+            else:
+                self.visit(keyword.value)
+
+    def _prose_call(self, func, qualified: str) -> bool:
+        """Whether a call's string arguments are prose: print, logging, warnings, exceptions."""
+        name = func.id if isinstance(func, ast.Name) else \
+            func.attr if isinstance(func, ast.Attribute) else ""
+        if qualified == "warnings.warn" or _EXCEPTION_NAME.search(name):
+            return True
+        if isinstance(func, ast.Name):
+            return name in _PROSE_FUNCTIONS and not qualified
+        return isinstance(func, ast.Attribute) and name in _PROSE_METHODS
+
+    def _device_ids(self, node) -> None:
+        """DataParallel(module, device_ids=[0, 1]): it needs every device it names."""
+        given = next((k.value for k in node.keywords if k.arg in ("device_ids", "devices")),
+                     node.args[1] if len(node.args) > 1 and isinstance(node.args[1], ast.List) else None)
+        indices = _literal(given) if given is not None else None
+        if not isinstance(indices, (list, tuple)) or not indices:
+            return
+        numbers = [i for i in indices if isinstance(i, int) and not isinstance(i, bool)]
+        highest = max(numbers, default=None)
+        if highest is not None and self.target.lacks(highest):
+            self._add(given, self.target.device(f"cuda:{highest}", highest), "data-parallel")
+        elif self.target.redirects:
+            self._add(given, (HANDLED, f"runs over the target's devices {numbers}", None),
+                      "data-parallel")
 
     def _extension(self, node, builder: str) -> None:
         import inspect
@@ -330,7 +476,7 @@ class FileScanner(ast.NodeVisitor):
             self._add(node, self._native_or("cuda", (
                 CANNOT_RUN, f"builds a CUDA C++ extension ({', '.join(sources)}); under cudashim "
                             f"{builder}() raises UnsupportedCudaAPI",
-                extensions.way_out(self.target))))
+                extensions.way_out(self.target))), "cuda-extension")
 
     def _loaded_library(self, node) -> bool:
         for argument in node.args:
@@ -340,7 +486,7 @@ class FileScanner(ast.NodeVisitor):
                     self._add(node, self._native_or("cuda", (
                         CANNOT_RUN, f"loads the CUDA library '{library}' by hand",
                         "call the torch API the library call stands for (torch.cuda, which "
-                        "cudashim redirects)")))
+                        "cudashim redirects)")), "cuda-library-file")
                     return True
         return False
 
@@ -354,6 +500,7 @@ class FileScanner(ast.NodeVisitor):
         return None
 
     def visit_Compare(self, node):
+        self._precision_check(node)
         operands = [node.left, *node.comparators]
         for op, left, right in zip(node.ops, operands, operands[1:]):
             if not isinstance(op, _COMPARISONS):
@@ -369,6 +516,23 @@ class FileScanner(ast.NodeVisitor):
             if self._cuda_literal(operand) is None:
                 self.visit(operand)
 
+    def visit_Assert(self, node):
+        self.visit(node.test)
+        if node.msg is not None:
+            self._visit_as_prose(node.msg)
+
+    def _precision_check(self, node) -> None:
+        """``out.dtype == torch.float16`` where autocast runs: the policy may choose another."""
+        operands = [node.left, *node.comparators]
+        if not (self.uses_autocast and self.target.redirects and len(operands) == 2):
+            return
+        names = {self.qualify(operand) for operand in operands}
+        if names & _HALF and any(isinstance(o, ast.Attribute) and o.attr == "dtype" for o in operands):
+            self._add(node, (DIFFERS, "tests a tensor's dtype for float16 where autocast runs: "
+                                      "cudashim's precision policy may compute autocast's float16 "
+                                      "regions in another dtype on this target (--amp-dtype "
+                                      "as-asked keeps float16)", None), "precision-check")
+
     def visit_Match(self, node):                 # match dev.type: case "cuda": ...
         device = self._device_string(node.subject)
         for case in node.cases if device is not None else ():
@@ -376,31 +540,43 @@ class FileScanner(ast.NodeVisitor):
             values = pattern.patterns if isinstance(pattern, ast.MatchOr) else [pattern]
             if any(isinstance(value, ast.MatchValue) and self._cuda_literal(value.value)
                    for value in values):
-                self._add(pattern, self._string_match(device))
+                self._add(pattern, self._string_match(device, node, case), "device-name-compare")
         self.visit(node.subject)
         for case in node.cases:                 # patterns are compared, not device arguments
             for part in (case.guard, *case.body):
                 if part is not None:
                     self.visit(part)
 
-    def _string_match(self, device):
+    def _string_match(self, device, match, cuda_case):
         if not self.target.redirects:
             return HANDLED, "native CUDA", None
         test = (f"{ast.unparse(device.value)}.is_cuda"
                 if isinstance(device, ast.Attribute) and device.attr == "device"
                 else f"{ast.unparse(device)}.type == {self.torch_name}.device('cuda').type")
-        return (NEEDS_CHANGE, f"matches the device's name against 'cuda'; at run time it is "
-                              f"'{self.target.device_type}' on the '{self.target.name}' target",
+        what = (f"matches the device's name against 'cuda'; at run time it is "
+                f"'{self.target.device_type}' on the '{self.target.name}' target")
+        fallback = next((case for case in match.cases if isinstance(case.pattern, ast.MatchAs)
+                         and case.pattern.pattern is None and case.guard is None), None)
+        stop = self._stops(fallback.body) if fallback is not None else None
+        if stop:
+            return NEEDS_CHANGE, f"{what}, and the case taken {stop}", f"test `if {test}:` before the match"
+        return (DIFFERS, f"{what}: {_summary(cuda_case.body, 'skipped')}"
+                + (f", and {_summary(fallback.body, 'run instead')}" if fallback else ""),
                 f"test `if {test}:` before the match")
 
     def _string_compare(self, node, device, literal: str, negated: bool, substring: bool) -> None:
         target = self.target
         if not target.redirects:
-            self._add(node, (HANDLED, "native CUDA", None))
+            self._add(node, (HANDLED, "native CUDA", None), "device-name-compare")
             return
-        what = (f"compares the device's name with {literal!r} as a string: at run time the device "
-                f"is the real one ('{target.device_type}' on the '{target.name}' target), so the "
-                f"test no longer sees CUDA")
+        what = (f"compares the device's name with {literal!r} as a string, which no shim "
+                f"redirects (on the '{target.name}' target the device is the real "
+                f"'{target.device_type}')")
+        fix = self._compare_fix(node, device, literal, negated, substring)
+        kind, consequence = self._branch_on_target(node, holds=negated)
+        self._add(node, (kind, f"{what}: {consequence}", fix), "device-name-compare")
+
+    def _compare_fix(self, node, device, literal: str, negated: bool, substring: bool) -> str:
         if isinstance(device, ast.Attribute) and device.attr == "device" and literal == "cuda" \
                 and (substring or isinstance(node, ast.Call) or isinstance(node, ast.Compare)
                      and _simple_equality(node)):
@@ -409,48 +585,151 @@ class FileScanner(ast.NodeVisitor):
             stand_in = (f'{self.torch_name}.device("cuda").type' if literal == "cuda"
                         else f'str({self.torch_name}.device("{literal}"))')
             fix = ast.unparse(_ReplaceLiteral(literal, stand_in).visit(copy.deepcopy(node)))
-        self._add(node, (NEEDS_CHANGE, what, fix))
+        return fix
+
+    def _branch_on_target(self, node, holds: bool) -> Tuple[str, str]:
+        """What the program does with the compare's value on the target (``holds``): it blocks
+        where the path taken raises, fails an assertion or exits; else it differs, and says how."""
+        value: Optional[bool] = holds
+        child, parent = node, self.parents.get(node)
+        while isinstance(parent, (ast.UnaryOp, ast.BoolOp)):
+            if isinstance(parent, ast.UnaryOp) and isinstance(parent.op, ast.Not):
+                value = None if value is None else not value
+            elif isinstance(parent, ast.BoolOp):        # and/or: decided only by a short circuit
+                decisive = isinstance(parent.op, ast.And) and value is False \
+                    or isinstance(parent.op, ast.Or) and value is True
+                value = value if decisive else None
+            child, parent = parent, self.parents.get(parent)
+        shown = "True" if value else "False"
+        if isinstance(parent, ast.Assert) and parent.test is child:
+            if value is False:
+                return NEEDS_CHANGE, "the assertion fails on the target"
+            return DIFFERS, "the assertion's outcome depends on the other conditions" \
+                if value is None else "the assertion holds on the target"
+        if isinstance(parent, (ast.If, ast.While)) and parent.test is child:
+            if value is None:
+                return DIFFERS, "the test's outcome depends on the other conditions"
+            taken, skipped = (parent.body, parent.orelse) if value else (parent.orelse, parent.body)
+            stop = self._stops(taken)
+            if stop:
+                return NEEDS_CHANGE, f"the test is {shown} on the target, and the branch taken {stop}"
+            what = f"the test is {shown} on the target: {_summary(skipped, 'skipped')}"
+            return DIFFERS, what + (f", and {_summary(taken, 'run instead')}" if taken else "")
+        if isinstance(parent, ast.IfExp) and parent.test is child:
+            chosen = parent.body if value else parent.orelse
+            return DIFFERS, (f"on the target it is {shown}: the expression gives "
+                             f"`{ast.unparse(chosen)[:60]}`") if value is not None else \
+                "the expression's value depends on the other conditions"
+        where = ast.unparse(parent)[:80] if parent is not None else ""
+        return DIFFERS, f"it is {shown if value is not None else 'decided by the other conditions'} " \
+                        f"on the target, in `{where}`"
+
+    def _stops(self, statements) -> Optional[str]:
+        """How a branch ends the program, if its own statements raise, assert False or exit."""
+        for statement in statements:
+            if isinstance(statement, ast.Raise):
+                return "raises"
+            if isinstance(statement, ast.Assert) and _literal(statement.test) in (False, 0, None):
+                return "fails an assertion"
+            if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call):
+                call = statement.value
+                name = self.qualify(call.func) or (call.func.id if isinstance(call.func, ast.Name)
+                                                   else "")
+                if name in _EXITS or (isinstance(call.func, ast.Attribute)
+                                      and call.func.attr == "error" and "pars" in
+                                      ast.unparse(call.func.value).lower()):
+                    return f"exits ({ast.unparse(call)[:60]})"
+        return None
 
     # --- strings the runtime reads ------------------------------------------------------------
     def visit_JoinedStr(self, node):
+        if self.prose:                                      # prose: only its code counts
+            for value in node.values:
+                if isinstance(value, ast.FormattedValue):
+                    self.visit(value.value)
+            return
         head = node.values[0] if node.values else None
         if isinstance(head, ast.Constant) and head.value == "cuda:" and len(node.values) == 2:
             index = "{" + ast.unparse(node.values[1].value) + "}"
-            self._add(node, self.target.device(f"cuda:{index}", index))
+            self._add(node, self.target.device(f"cuda:{index}", index), "device-spec")
             return                                          # f"cuda:{rank}"
         self.generic_visit(node)
 
     def visit_Constant(self, node):
         text = node.value
-        if not isinstance(text, str) or not text:
+        if not isinstance(text, str) or not text or self.prose:
             return
         device = cuda_device(text)
         if device is not None:
-            self._add(node, self.target.device(*device))
+            self._add(node, self.target.device(*device), "device-spec")
         elif process_group_spec(text):
-            self._add(node, self.target.process_group(text))
+            self._add(node, self.target.process_group(text), "process-group")
         elif text == "CUDA_VISIBLE_DEVICES":
-            self._add(node, self.target.visible_devices())
+            self._add(node, self.target.visible_devices(), "visible-devices")
         elif nccl_environment.is_nccl_variable(text):
-            self._add(node, self.target.nccl_variable(text))
+            self._add(node, self.target.nccl_variable(text), "nccl-environment")
         elif _DEVICE_TEMPLATE.fullmatch(text):
-            self._add(node, self.target.device(text, text[len("cuda:"):]))
+            self._add(node, self.target.device(text, text[len("cuda:"):]), "device-spec")
         elif text.startswith("torch.cuda."):
             kind, what, fix = self.target.cuda_name(text)
-            self._add(node, (kind, f"{text}: {what}", fix))
+            self._add(node, (kind, f"{text}: {what}", fix), _cuda_rule(text))
         elif libraries.cuda_tool(text) and self.target.redirects:
             tool = libraries.cuda_tool(text)
-            self._add(node, (NEEDS_CHANGE, f"runs NVIDIA's {tool}, which the target does not have",
+            caught = self._caught(node) or self._looked_up(node)
+            self._add(node, (DIFFERS if caught else NEEDS_CHANGE,
+                             f"runs NVIDIA's {tool}, which the target does not have"
+                             + (f"; the program {caught}" if caught else ""),
                              "ask torch.cuda (device_count, get_device_name, mem_get_info), which "
                              "cudashim answers for the target" if tool == "nvidia-smi"
-                             else extensions.way_out(self.target)))
+                             else extensions.way_out(self.target)), "cuda-toolkit")
         elif libraries.cuda_toolkit_path(text) and self.target.redirects:
             self._add(node, (NEEDS_CHANGE, "names the CUDA toolkit, which the target does not have",
-                             "build and run without the CUDA toolkit"))
+                             "build and run without the CUDA toolkit"), "cuda-toolkit")
         elif libraries.cuda_library_file(text, bare_names=False):
             self._add(node, self._native_or("cuda", (
                 CANNOT_RUN, f"names the CUDA library '{libraries.cuda_library_file(text, False)}'",
-                "call the torch API the library call stands for")))
+                "call the torch API the library call stands for")), "cuda-library-file")
+
+
+# DataParallel and its kin (Synchronized-BatchNorm's DataParallelWithCallback, apex's)
+_DATA_PARALLEL = frozenset({"DataParallel", "data_parallel", "DataParallelWithCallback", "replicate"})
+_HALF = frozenset({"torch.float16", "torch.half"})
+# What running a program that is not installed raises, and what catches it.
+_LOOKUPS = frozenset({"shutil.which", "os.path.exists", "os.path.isfile", "os.access"})
+_CATCHES_MISSING_PROGRAM = frozenset({"FileNotFoundError", "OSError", "Exception", "BaseException",
+                                      "CalledProcessError", "SubprocessError", "EnvironmentError"})
+_GAP_FUNCTIONS = frozenset(f"torch.{name}" for name in dtype_gaps.GAPS)
+# "torch._C:_cuda_getDeviceCount()" -> "torch._C._cuda_getDeviceCount"
+_PRIVATE_ENTRIES = {key.partition("(")[0].replace(":", "."): entry
+                    for key, entry in device_parameters.PRIVATE_ENTRY_POINTS.items()
+                    if not key.startswith("torch.cuda:")}     # torch.cuda's: the proxy's rules
+
+
+def _summary(statements, fate: str) -> str:
+    """'lines 12-14 (pin_memory, synchronize) are skipped'."""
+    if not statements:
+        return f"nothing is {fate}"
+    first, last = statements[0].lineno, statements[-1].end_lineno or statements[-1].lineno
+    calls = []
+    for statement in statements:
+        for node in ast.walk(statement):
+            if isinstance(node, ast.Call):
+                name = node.func.attr if isinstance(node.func, ast.Attribute) else \
+                    getattr(node.func, "id", None)
+                if name and name not in calls:
+                    calls.append(name)
+    lines = f"line {first}" if first == last else f"lines {first}-{last}"
+    return f"{lines}{' (' + ', '.join(calls[:4]) + ')' if calls else ''} {'is' if first == last else 'are'} {fate}"
+
+
+def _cuda_rule(name: str) -> str:
+    """The rule for a torch.cuda name: graphs and private names have their own."""
+    last = name.rpartition(".")[2]
+    if last in _GRAPH_NAMES or name.startswith("torch.cuda.graphs"):
+        return "cuda-graphs"
+    if name == "torch.cuda.comm" or name.startswith("torch.cuda.comm."):
+        return "data-parallel"
+    return "private-entry-point" if last.startswith("_") else "cuda-api"
 
 
 def _simple_equality(node: ast.Compare) -> bool:

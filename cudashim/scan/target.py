@@ -33,10 +33,12 @@ class Target:
     kernel_languages: Tuple[str, ...]
     how_chosen: str
     deepspeed_accelerator: Optional[str] = None
+    device_count: Optional[int] = None      # how many CUDA devices the run sees; None: unknown
 
     @classmethod
-    def named(cls, name: str = backends.AUTO) -> "Target":
-        """The backend ``name`` (``auto``: the one this machine would use)."""
+    def named(cls, name: str = backends.AUTO, device_count: Optional[int] = None) -> "Target":
+        """The backend ``name`` (``auto``: the one this machine would use). ``device_count``:
+        the run's --device-count; on the CPU backend the run's own default otherwise."""
         if name == backends.AUTO:
             backend_cls, how = backends.resolve(name)[0], "detected on this machine"
         else:
@@ -45,9 +47,16 @@ class Target:
         accelerator_type = getattr(backend_cls, "accelerator_type", None)
         if accelerator_type is not None:
             device_type = accelerator_type() or device_type
+        if device_count is None and device_type == "cpu" and backend_cls.redirects:
+            device_count = _virtual_device_count()
         return cls(backend_cls.name, device_type, backend_cls.default_collective,
                    backend_cls.visible_devices_var, backend_cls.redirects,
-                   backend_cls.kernel_languages, how, backend_cls.deepspeed_accelerator)
+                   backend_cls.kernel_languages, how, backend_cls.deepspeed_accelerator,
+                   device_count)
+
+    def lacks(self, index: int) -> bool:
+        """Whether the run has no CUDA device ``index`` (as far as the scan can know)."""
+        return self.redirects and self.device_count is not None and index >= self.device_count
 
     # --- torch.cuda, through the proxy's own classification ---------------------------
     def cuda_name(self, qualname: str) -> Verdict:
@@ -92,12 +101,18 @@ class Target:
         """``index``: the spec's index, "N" when the program computes it, or None."""
         if not self.redirects:
             return HANDLED, "native CUDA", None
+        if isinstance(index, int) and self.lacks(index):
+            count = self.device_count
+            return (NEEDS_CHANGE, f"the device '{spec}' does not exist in the run: it sees {count} "
+                                  f"CUDA device{'s' if count != 1 else ''}, and fails as CUDA does "
+                                  f"with an invalid device ordinal",
+                    f"run with --device-count {index + 1} (CUDASHIM_DEVICE_COUNT), and scan with "
+                    f"the same option" if self.device_type == "cpu" else
+                    f"run where the target has {index + 1} devices, or with --device-count "
+                    f"{index + 1} to share the ones it has")
         if self.device_type == "cpu":
             became = "'cpu' (host memory" + (f", the CPU backend's virtual device {index}"
-                                             if index is not None else "")
-            if isinstance(index, int) and index > 0:      # one virtual device by default
-                became += f"; run with --device-count {index + 1} or more"
-            became += ")"
+                                             if index is not None else "") + ")"
         else:
             became = f"'{self.device_type}" + (f":{index}'" if index is not None else "'")
         return HANDLED, f"the device '{spec}' becomes {became}", None
@@ -139,6 +154,19 @@ class Target:
     def runs(self, language: str) -> bool:
         """Whether kernels written in ``language`` ("cuda", "triton") run on the target."""
         return language in self.kernel_languages
+
+
+def _virtual_device_count() -> int:
+    """The CPU backend's default: CUDASHIM_DEVICE_COUNT, else as many as CUDA_VISIBLE_DEVICES
+    lists, else one (the run's own rule; under torchrun it is one per local rank)."""
+    import os
+    given = os.environ.get("CUDASHIM_DEVICE_COUNT", "").strip()
+    if given.isdigit():
+        return int(given)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([part for part in visible.split(",") if part.strip()])
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
 
 
 @functools.lru_cache(maxsize=None)

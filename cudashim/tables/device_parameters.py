@@ -120,7 +120,7 @@ class PrivateEntry(NamedTuple):
     signature: Optional[str]    # inspect's signature of a Python function, to notice a change
 
 
-_ABSENT_OFF_CUDA = ("exists only in CUDA builds of torch, which detects its own CUDA build by "
+ABSENT_OFF_CUDA = ("exists only in CUDA builds of torch, which detects its own CUDA build by "
                     "these bindings (torch.cuda._is_compiled), so cudashim adds none: torch's "
                     "own modules would take CUDA paths")
 _DEVICE_INDEX = "(device: Any, optional: bool = False, allow_cpu: bool = False) -> int"
@@ -157,14 +157,14 @@ PRIVATE_ENTRY_POINTS: Dict[str, PrivateEntry] = {
     "torch._C:_cuda_getCurrentRawStream(device_index)": PrivateEntry(
         "bitsandbytes (the stream its CUDA kernels run on)",
         f"called only for tensors whose device.type is 'cuda', which bitsandbytes (it hears "
-        f"the truth) never has off CUDA; {_ABSENT_OFF_CUDA}", None),
+        f"the truth) never has off CUDA; {ABSENT_OFF_CUDA}", None),
     "torch._C:_cuda_clearCublasWorkspaces()": PrivateEntry(
         "Lightning (its CUDA accelerator's teardown, behind hasattr)",
-        f"Lightning checks hasattr first; {_ABSENT_OFF_CUDA}", None),
+        f"Lightning checks hasattr first; {ABSENT_OFF_CUDA}", None),
     "torch._C:_cuda_isInBadFork()": PrivateEntry(
         "accelerate (notebook_launcher's checks)",
-        f"the public torch.cuda._is_in_bad_fork answers through the proxy; {_ABSENT_OFF_CUDA}", None),
+        f"the public torch.cuda._is_in_bad_fork answers through the proxy; {ABSENT_OFF_CUDA}", None),
     "torch._C:_cuda_getDeviceCount()": PrivateEntry(
         "training scripts printing their set-up",
-        f"torch.cuda.device_count() is the public answer; {_ABSENT_OFF_CUDA}", None),
+        f"torch.cuda.device_count() is the public answer; {ABSENT_OFF_CUDA}", None),
 }

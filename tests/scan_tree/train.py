@@ -19,7 +19,7 @@ def train(args):
     scaler = GradScaler()
     for step, (x, y) in enumerate(make_loader(args.batch_size)):
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        if x.device.type == "cuda":  # scan: needs a change
+        if x.device.type == "cuda":  # scan: runs differently
             torch.cuda.synchronize()  # scan: handled
         with autocast():
             loss = nn.functional.cross_entropy(model(x), y)
