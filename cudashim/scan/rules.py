@@ -265,9 +265,19 @@ class FileScanner(ast.NodeVisitor):
         if found is None:
             return False
         name, what, way_out = found
-        self._add(node, self._native_or("cuda", (CANNOT_RUN, f"imports {name}: {what}", way_out)),
+        self._add(node, self._unless_caught(node, _CATCHES_IMPORT, self._native_or("cuda", (
+            CANNOT_RUN, f"imports {name}: {what}", way_out)), "where it is not installed"),
                   "cuda-only-library")
         return True
+
+    def _unless_caught(self, node, catches, verdict, where: str = ""):
+        """A blocker the program catches (``try: import triton / except ImportError``) runs
+        differently: the program goes on without what failed."""
+        kind, what, way_out = verdict
+        caught = self._caught(node, catches) if kind in (CANNOT_RUN, NEEDS_CHANGE) else None
+        if caught is None:
+            return verdict
+        return DIFFERS, f"{what}; the program {caught} and goes on without it {where}".rstrip(), way_out
 
     def _kernel_decorators(self, node) -> None:
         for decorator in node.decorator_list:
@@ -344,8 +354,8 @@ class FileScanner(ast.NodeVisitor):
             return f"only looks for it ({self.qualify(call.func)}), and finds none"
         return None
 
-    def _caught(self, node) -> Optional[str]:
-        """The handler that catches a missing program's failure around ``node``, if one does."""
+    def _caught(self, node, catches) -> Optional[str]:
+        """The handler around ``node`` that catches one of ``catches``, if one does."""
         child, parent = node, self.parents.get(node)
         while parent is not None:
             if isinstance(parent, ast.Try) and child in parent.body:
@@ -354,7 +364,7 @@ class FileScanner(ast.NodeVisitor):
                     names = [caught] if not isinstance(caught, ast.Tuple) else caught.elts
                     for name in names:
                         text = "except:" if name is None else ast.unparse(name)
-                        if name is None or text.rpartition(".")[2] in _CATCHES_MISSING_PROGRAM:
+                        if name is None or text.rpartition(".")[2] in catches:
                             return f"catches the failure ({'except ' + text if name else text})"
             child, parent = parent, self.parents.get(parent)
         return None
@@ -473,20 +483,22 @@ class FileScanner(ast.NodeVisitor):
         arguments.update((k.arg, _literal(k.value)) for k in node.keywords if k.arg)
         sources = extensions.cuda_sources(builder, arguments)
         if sources is not None:
-            self._add(node, self._native_or("cuda", (
+            self._add(node, self._unless_caught(node, _CATCHES_BUILD, self._native_or("cuda", (
                 CANNOT_RUN, f"builds a CUDA C++ extension ({', '.join(sources)}); under cudashim "
                             f"{builder}() raises UnsupportedCudaAPI",
-                extensions.way_out(self.target))), "cuda-extension")
+                extensions.way_out(self.target)))), "cuda-extension")
 
     def _loaded_library(self, node) -> bool:
         for argument in node.args:
             if isinstance(argument, ast.Constant) and isinstance(argument.value, str):
                 library = libraries.cuda_library_file(argument.value, bare_names=True)
                 if library is not None:
-                    self._add(node, self._native_or("cuda", (
+                    verdict = self._native_or("cuda", (
                         CANNOT_RUN, f"loads the CUDA library '{library}' by hand",
                         "call the torch API the library call stands for (torch.cuda, which "
-                        "cudashim redirects)")), "cuda-library-file")
+                        "cudashim redirects)"))
+                    self._add(node, self._unless_caught(node, _CATCHES_MISSING_PROGRAM, verdict),
+                              "cuda-library-file")
                     return True
         return False
 
@@ -675,7 +687,7 @@ class FileScanner(ast.NodeVisitor):
             self._add(node, (kind, f"{text}: {what}", fix), _cuda_rule(text))
         elif libraries.cuda_tool(text) and self.target.redirects:
             tool = libraries.cuda_tool(text)
-            caught = self._caught(node) or self._looked_up(node)
+            caught = self._caught(node, _CATCHES_MISSING_PROGRAM) or self._looked_up(node)
             self._add(node, (DIFFERS if caught else NEEDS_CHANGE,
                              f"runs NVIDIA's {tool}, which the target does not have"
                              + (f"; the program {caught}" if caught else ""),
@@ -698,6 +710,10 @@ _HALF = frozenset({"torch.float16", "torch.half"})
 _LOOKUPS = frozenset({"shutil.which", "os.path.exists", "os.path.isfile", "os.access"})
 _CATCHES_MISSING_PROGRAM = frozenset({"FileNotFoundError", "OSError", "Exception", "BaseException",
                                       "CalledProcessError", "SubprocessError", "EnvironmentError"})
+# What catches a library that is not installed, and an extension build cudashim refuses.
+_CATCHES_IMPORT = frozenset({"ImportError", "ModuleNotFoundError", "Exception", "BaseException"})
+_CATCHES_BUILD = frozenset({"RuntimeError", "UnsupportedCudaAPI", "Exception", "BaseException",
+                            "OSError", "CalledProcessError", "SubprocessError"})
 _GAP_FUNCTIONS = frozenset(f"torch.{name}" for name in dtype_gaps.GAPS)
 # "torch._C:_cuda_getDeviceCount()" -> "torch._C._cuda_getDeviceCount"
 _PRIVATE_ENTRIES = {key.partition("(")[0].replace(":", "."): entry

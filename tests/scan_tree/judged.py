@@ -58,3 +58,17 @@ def devices():
     if hasattr(torch._C, "_cuda_getDeviceCount"):
         count = torch._C._cuda_getDeviceCount()  # scan: runs differently
     return count
+
+
+try:
+    from mamba_ssm import Mamba  # scan: runs differently
+except ImportError:
+    Mamba = None
+
+
+def fused_ops():
+    from torch.utils.cpp_extension import load
+    try:
+        return load(name="fused", sources=["fused.cpp", "fused_kernel.cu"])  # scan: runs differently
+    except RuntimeError:
+        return None
