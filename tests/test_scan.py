@@ -417,7 +417,8 @@ def test_every_runtime_table_entry_reaches_a_scan_rule(tmp_path, monkeypatch):
     uses += [(f"torch.cuda.{name}", "cuda-graphs") for name in
              ("CUDAGraph", "graph", "graph_pool_handle", "make_graphed_callables",
               "is_current_stream_capturing")]
-    uses += [(f"{name}()", "version-answer") for name in rules_module().VERSION_ANSWERS]
+    from cudashim.patches import version_gates
+    uses += [(f"{gate.api_name}()", "version-answer") for gate in version_gates.BY_CALLER]
     imports = sorted({use.split(".")[0] for use, _ in uses if not use.startswith(("import", "os"))})
     header = ["import os", *(f"import {name.rstrip('()')}" for name in imports)]
     (tmp_path / "uses.py").write_text("\n".join(header + [use for use, _ in uses]) + "\n")
@@ -432,7 +433,3 @@ def test_every_runtime_table_entry_reaches_a_scan_rule(tmp_path, monkeypatch):
         {f.rule for f in _scan(["."], monkeypatch=monkeypatch).findings}
     assert reached == set(catalog.RULES)
 
-
-def rules_module():
-    from cudashim.scan import rules
-    return rules

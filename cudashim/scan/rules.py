@@ -14,13 +14,6 @@ assumption that is plain Python, out of any shim's reach), and native CUDA code
 
 from __future__ import annotations
 
-# The version answers cudashim gives the program (cudashim/cuda_build.py), by name.
-VERSION_ANSWERS = {
-    "torch.backends.cudnn.version": "the cuDNN torch's wheels of that CUDA line ship (never None)",
-    "torch.backends.cudnn.is_available": "True",
-    "torch.backends.cuda.is_built": "True",
-}
-
 import ast
 import copy
 import functools
@@ -28,7 +21,8 @@ import re
 from typing import Callable, Dict, List, Optional, Tuple
 
 from .. import substitutes
-from ..patches import _nccl_environment as nccl_environment, extensions, frameworks
+from ..backends.base import Backend
+from ..patches import _nccl_environment as nccl_environment, extensions, frameworks, version_gates
 from ..tables import device_parameters, dtype_gaps
 from . import catalog, libraries
 from .findings import CANNOT_RUN, DIFFERS, HANDLED, NEEDS_CHANGE, Finding
@@ -55,9 +49,8 @@ _PROSE_KEYWORDS = frozenset({"help", "description", "epilog", "usage", "msg", "m
 _EXCEPTION_NAME = re.compile(r"(Error|Exception|Warning)$")
 # Calls that end the program: a branch that makes one stops where CUDA's went on.
 _EXITS = frozenset({"sys.exit", "exit", "quit", "os._exit", "os.abort"})
-# torch.cuda's CUDA-graph names (cudashim/graphs serves them)
-_GRAPH_NAMES = frozenset({"CUDAGraph", "graph", "graph_pool_handle", "make_graphed_callables",
-                          "is_current_stream_capturing"})
+# torch.cuda's CUDA-graph names: the class, and the names a backend's device module serves
+_GRAPH_NAMES = frozenset({"CUDAGraph", *Backend.GRAPH_NAMES})
 
 
 @functools.lru_cache(maxsize=4096)
@@ -305,7 +298,10 @@ class FileScanner(ast.NodeVisitor):
         target = self.target
         if name == "torch.cuda" or name.startswith("torch.cuda."):
             kind, what, fix = target.cuda_name(name)
-            self._add(node, (kind, f"{name}: {what}", fix), _cuda_rule(name))
+            rule = _cuda_rule(name)
+            if rule == "cuda-graphs" and kind == HANDLED and target.redirects:
+                what = target.graphs()
+            self._add(node, (kind, f"{name}: {what}", fix), rule)
         elif name.startswith(("torch.backends.cuda.", "torch.backends.cudnn.")) \
                 and name.endswith(("allow_tf32", "fp32_precision")):
             self._add(node, (HANDLED, "a TF32 flag: it turns the target's reduced-precision float32 "
@@ -702,6 +698,13 @@ class FileScanner(ast.NodeVisitor):
                 CANNOT_RUN, f"names the CUDA library '{libraries.cuda_library_file(text, False)}'",
                 "call the torch API the library call stands for")), "cuda-library-file")
 
+
+# The version answers cudashim gives the program, by name: the runtime's own by-caller table
+# (patches/version_gates.py), with what each answers said the way a reader needs it.
+_ANSWERED = {"torch.backends.cudnn.version": "the cuDNN torch's wheels of that CUDA line ship "
+                                             "(never None)"}
+VERSION_ANSWERS = {gate.api_name: _ANSWERED.get(gate.api_name, gate.became if isinstance(
+    gate.became, str) else "the CUDA build's answer") for gate in version_gates.BY_CALLER}
 
 # DataParallel and its kin (Synchronized-BatchNorm's DataParallelWithCallback, apex's)
 _DATA_PARALLEL = frozenset({"DataParallel", "data_parallel", "DataParallelWithCallback", "replicate"})

@@ -34,6 +34,7 @@ class Target:
     how_chosen: str
     deepspeed_accelerator: Optional[str] = None
     device_count: Optional[int] = None      # how many CUDA devices the run sees; None: unknown
+    graph_class: Optional[str] = None       # the device module's own graph class, if it has one
 
     @classmethod
     def named(cls, name: str = backends.AUTO, device_count: Optional[int] = None) -> "Target":
@@ -52,7 +53,16 @@ class Target:
         return cls(backend_cls.name, device_type, backend_cls.default_collective,
                    backend_cls.visible_devices_var, backend_cls.redirects,
                    backend_cls.kernel_languages, how, backend_cls.deepspeed_accelerator,
-                   device_count)
+                   device_count, backend_cls.graph_class)
+
+    def graphs(self) -> str:
+        """What a CUDA-graph name becomes (Backend.graph_class, cudashim/graphs)."""
+        if self.graph_class:
+            return (f"the {self.device_type} device's own graphs (torch.{self.device_type}."
+                    f"{self.graph_class}) where its build has them, else captured and replayed "
+                    f"by cudashim")
+        return ("captured by recording the ops that run on the target, and replayed into the "
+                "capture's memory by cudashim")
 
     def lacks(self, index: int) -> bool:
         """Whether the run has no CUDA device ``index`` (as far as the scan can know)."""
