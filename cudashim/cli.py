@@ -159,7 +159,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     _add_setting_options(image_env)
     scan = commands.add_parser(
         "scan", help="read Python sources and report every CUDA usage: handled, needs a change, "
-                     "or cannot run here (exit status 1 when something blocks, 2 on bad input)")
+                     "cannot run here, or runs differently (exit status 1 when something blocks "
+                     "the run, 2 on bad input)")
     scan.add_argument("paths", nargs="*", default=["."], metavar="PATH",
                       help="files or folders (default: the current folder)")
     scan.add_argument("--backend",

@@ -11,6 +11,10 @@ from . import ScanResult, catalog
 from .findings import BLOCKERS, CLASSES, DIFFERS, NEEDS_CHANGE
 
 
+# A blocker's fix is needed; a different path's is there to take CUDA's path where it matters.
+_FIX_LABELS = {NEEDS_CHANGE: "fix", DIFFERS: "if it matters"}
+
+
 def as_text(result: ScanResult) -> str:
     target, counts = result.target, result.counts()
     files = len(result.files)
@@ -34,7 +38,7 @@ def as_text(result: ScanResult) -> str:
             lines.append(f"  {finding.path}:{finding.line}:{finding.column}  {finding.code}")
             lines.append(f"      {finding.what}  [{finding.rule}]")
             if finding.fix:
-                label = "fix" if kind in (NEEDS_CHANGE, DIFFERS) else "way out"
+                label = _FIX_LABELS.get(kind, "way out")
                 lines.append(f"      {label}: {finding.fix}")
     return "\n".join(lines) + "\n"
 
