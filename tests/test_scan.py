@@ -417,6 +417,10 @@ def test_every_runtime_table_entry_reaches_a_scan_rule(tmp_path, monkeypatch):
     uses += [(f"torch.cuda.{name}", "cuda-graphs") for name in
              ("CUDAGraph", "graph", "graph_pool_handle", "make_graphed_callables",
               "is_current_stream_capturing")]
+    uses += sorted({(f"torch.nn.parallel.{key.partition(':')[2].split('.')[0].partition('(')[0]}"
+                     f"(m, {key.partition('(')[2].rstrip(')')}=[0])", "data-parallel")
+                    for key in device_parameters.DELEGATED_TO
+                    if key.startswith("torch.nn.parallel:") and key.endswith(("_ids)", "devices)"))})
     from cudashim.patches import version_gates
     uses += [(f"{gate.api_name}()", "version-answer") for gate in version_gates.BY_CALLER]
     imports = sorted({use.split(".")[0] for use, _ in uses if not use.startswith(("import", "os"))})

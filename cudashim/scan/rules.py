@@ -706,8 +706,12 @@ _ANSWERED = {"torch.backends.cudnn.version": "the cuDNN torch's wheels of that C
 VERSION_ANSWERS = {gate.api_name: _ANSWERED.get(gate.api_name, gate.became if isinstance(
     gate.became, str) else "the CUDA build's answer") for gate in version_gates.BY_CALLER}
 
-# DataParallel and its kin (Synchronized-BatchNorm's DataParallelWithCallback, apex's)
-_DATA_PARALLEL = frozenset({"DataParallel", "data_parallel", "DataParallelWithCallback", "replicate"})
+# DataParallel's entry points that take CUDA devices, from the runtime's table of device
+# parameters, and the subclasses programs bring (Synchronized-BatchNorm's)
+_DATA_PARALLEL = frozenset(
+    {key.partition(":")[2].split(".")[0].partition("(")[0]
+     for key in device_parameters.DELEGATED_TO if key.startswith("torch.nn.parallel:")}
+    | {"DataParallelWithCallback"})
 _HALF = frozenset({"torch.float16", "torch.half"})
 # What running a program that is not installed raises, and what catches it.
 _LOOKUPS = frozenset({"shutil.which", "os.path.exists", "os.path.isfile", "os.access"})
