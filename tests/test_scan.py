@@ -378,6 +378,12 @@ def test_sarif_explain_and_json_carry_the_rules(tmp_path):
         assert (TREE / location["artifactLocation"]["uri"]).is_file()
         assert location["region"]["startLine"] >= 1
 
+    elsewhere = json.loads(_cudashim_scan("--format", "sarif", "--backend", "cpu",
+                                          str(TREE / "judged.py"), cwd=tmp_path).stdout)
+    uris = {r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"]
+            for r in elsewhere["runs"][0]["results"]}
+    assert uris == {(TREE / "judged.py").as_uri()}         # outside the folder: a file URI
+
     explained = _cudashim_scan("--explain", "device-name-compare", cwd=tmp_path)
     assert explained.returncode == 0
     assert explained.stdout.startswith("CS201 (device-name-compare)")

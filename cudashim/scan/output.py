@@ -54,6 +54,12 @@ def explain(name_or_id: str) -> str:
             f"decided at run time by: {rule.decided_by}\n")
 
 
+def _uri(path: str) -> str:
+    """A finding's file as SARIF wants it: relative to where the scan ran, or a file URI."""
+    shown = Path(path)
+    return shown.as_uri() if shown.is_absolute() else shown.as_posix()
+
+
 # SARIF levels: what blocks the run is an error; a different path a note; handled, none.
 _LEVELS = {kind: "error" for kind in BLOCKERS}
 _LEVELS[DIFFERS] = "note"
@@ -78,7 +84,7 @@ def as_sarif(result: ScanResult) -> str:
             "level": _LEVELS[finding.kind], "message": {"text": message},
             "properties": {"class": finding.kind},
             "locations": [{"physicalLocation": {
-                "artifactLocation": {"uri": Path(finding.path).as_posix()},
+                "artifactLocation": {"uri": _uri(finding.path)},
                 "region": {"startLine": finding.line, "startColumn": finding.column,
                            "snippet": {"text": finding.code}}}}]})
     log = {"$schema": "https://json.schemastore.org/sarif-2.1.0.json", "version": "2.1.0",
