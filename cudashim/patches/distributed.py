@@ -17,7 +17,7 @@ from ..patching.by_caller import ByCaller
 from ..patching.rewriter import BOUND_DEVICE, BOUND_DEVICES, BOUND_INDICES, DEVICE, DEVICE_TYPE, \
     EAGER_DEVICE, Argument, Rewrite, rewrite, rewritten
 from . import _nccl_order as nccl_order, _nccl_reductions as nccl_reductions, _nccl_shapes as nccl_shapes
-from . import _ddp_pinned, _sync_batch_norm
+from . import _ddp_pinned, _elastic_rounds, _sync_batch_norm
 from ._group_exit import NcclGroupExit
 
 REWRITES = (
@@ -187,6 +187,7 @@ def install(activation):
             module, "_init_device_handle", _fsdp_device_on_the_host))
 
     _ddp_pinned.install(activation)
+    _elastic_rounds.install(activation)
 
     if spellings is not None:        # torch chooses devices by the real library: it hears it
         def spelled(original):
