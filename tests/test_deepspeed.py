@@ -144,3 +144,41 @@ def test_one_bit_optimizers_train_with_the_nccl_backend(tmp_path):
         # A resumed 1-bit optimizer starts its error feedback afresh (DeepSpeed resets it on
         # load), so only the first resumed step, taken before any update, repeats exactly.
         assert nccl["resumed"][0] == nccl["continued"][0], optimizer
+
+
+def test_the_multi_node_runner_with_a_hostfile_across_two_nodes(tmp_path):
+    """`deepspeed --hostfile` on two nodes of two slots (tests/cluster.py), its pdsh runner
+    reaching each node as ssh would: a login environment holding only what the runner exports.
+    Every node's ranks come up shimmed and bind gloo to the job's NCCL interface; ZeRO-2
+    across the four ranks trains and resumes its checkpoint."""
+    import shutil
+    import sys
+
+    import cluster
+    if cluster.why_not() is not None:
+        pytest.skip(cluster.why_not())
+    from conftest import FAKES, _clean_env
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("node0 slots=2\nnode1 slots=2\n")
+    out = tmp_path / "out.json"
+    runner = [sys.executable, "-m", "cudashim", shutil.which("deepspeed", path=str(Path(sys.executable).parent)),
+              "--hostfile", str(hostfile), "--master_addr", "node0", "--master_port", "29500", "--no_ssh_check",
+              PROGRAM, "--stage", "2", "--checkpoint", str(tmp_path / "checkpoints"), "--out", str(out)]
+    environ = _clean_env()
+    environ["PATH"] = f"{FAKES / 'bin'}:{environ['PATH']}"
+    # what a job hands its nodes beside DeepSpeed's exports: here, where the ops are built
+    environ["DS_ENV_FILE"] = str(tmp_path / "deepspeed_env")
+    (tmp_path / "deepspeed_env").write_text(f"TORCH_EXTENSIONS_DIR={environ.get('TORCH_EXTENSIONS_DIR', '')}\n"
+                                            if environ.get("TORCH_EXTENSIONS_DIR") else "")
+    run = cluster.run([cluster.Command(0, runner, env={"NCCL_SOCKET_IFNAME": cluster.INTERFACE,
+                                                       "CUDASHIM_REPORT_JSON": str(tmp_path / "report.json")},
+                                       cwd=str(ROOT))], environ=environ, timeout=BUILDS)
+    assert run.returncodes == [0], run.output(6000)
+    assert not run.left_behind, run.left_behind
+    seen = json.loads(out.read_text())
+    _check(seen, "float16", world_size=4)
+    for rank in range(4):                          # each node's ranks heard the job's interface
+        report = json.loads((tmp_path / f"report.rank{rank}.json").read_text())
+        assert report["apis"]["$NCCL_SOCKET_IFNAME"]["became"].startswith(f"GLOO_SOCKET_IFNAME={cluster.INTERFACE}")
+    said = run.outcomes[0].stdout + run.outcomes[0].stderr
+    assert "node0: " in said and "node1: " in said

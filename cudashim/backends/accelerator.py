@@ -21,6 +21,7 @@ from typing import Optional, Tuple
 import torch
 
 from ..errors import invalid_device_ordinal, warn_once
+from ..local_ranks import local_world_size
 from . import host, staged
 from .base import Backend
 from .host import DeviceProperties
@@ -74,8 +75,8 @@ class AcceleratorBackend(Backend):
         then calls set_device(local_rank)); then CUDA index i is real device i mod count."""
         if settings.device_count is not None:
             return settings.device_count
-        local_world = os.environ.get("LOCAL_WORLD_SIZE", "")
-        if local_world.isdigit() and int(local_world) > real:
+        local_world = local_world_size()
+        if local_world is not None and local_world > real:
             warn_once("shared-devices", f"{local_world} local ranks share {real} device(s) of "
                                         f"type '{AcceleratorBackend.accelerator_type()}'")
             return int(local_world)

@@ -20,6 +20,7 @@ from typing import Optional, Tuple
 import torch
 
 from ..errors import invalid_device_ordinal
+from ..local_ranks import local_world_size
 from .base import Backend
 from .host import DeviceProperties, HostStreams
 
@@ -56,14 +57,13 @@ class CPUBackend(HostStreams, Backend):
         # Default to one device: more makes libraries wrap models in nn.DataParallel and
         # mp.spawn(nprocs=device_count()) start that many processes. Under torchrun each
         # rank sees one device per local rank, as on a machine with a GPU per process, so
-        # torch.cuda.set_device(local_rank) works.
+        # torch.cuda.set_device(local_rank) works; so under srun, mpirun and DeepSpeed's launcher.
         if settings.device_count is not None:
             return settings.device_count
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         if visible is not None:
             return visible_device_count(visible)
-        local_world = os.environ.get("LOCAL_WORLD_SIZE", "")
-        return int(local_world) if local_world.isdigit() and int(local_world) > 0 else 1
+        return local_world_size() or 1
 
     # --- devices ----------------------------------------------------------------------
     def device_count(self) -> int:

@@ -26,6 +26,11 @@ DeepSpeed's CPU communication (``deepspeed_shm_comm``) gives every rank a 66 MiB
 leave its buffers in host memory until the machine restarts. Once every rank has opened its
 peers' buffers (which DeepSpeed's backend does before it returns), a name serves nobody, so
 each rank unlinks its own at exit.
+
+DeepSpeed's multi-node runner (pdsh, MPI, Slurm) passes a remote node only the variables whose
+names start with its prefixes, and its accelerator's: CUDA's adds ``NCCL``, the target's may
+add none. The runner under cudashim passes on what the runner on CUDA would, and cudashim's
+own switch and settings, so every node's ranks come up shimmed and read the job's NCCL setup.
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ ACCELERATORS = "deepspeed.accelerator.real_accelerator"
 CPU_ACCELERATOR, _ = onebit.accelerator_class("cpu")
 TORCH_BACKEND = "deepspeed.comm.torch"
 OP_BUILDERS = "deepspeed.ops.op_builder.builder"
+MULTINODE_RUNNER = "deepspeed.launcher.runner"
+EXPORTED_PREFIXES = ("NCCL", "CUDASHIM")        # CUDA's accelerator's, and cudashim's
 SHARED_MEMORY = Path("/dev/shm")
 
 
@@ -127,8 +134,14 @@ def install(activation):
             activation.replace(accelerator, "get_op_builder",
                                lambda original: wrapt.FunctionWrapper(original, onebit.fill_in_packbits))
 
+    def export_to_every_node(module):
+        exported = list(module.EXPORT_ENVS)
+        activation.registry.set_attr(module, "EXPORT_ENVS",
+                                     exported + [p for p in EXPORTED_PREFIXES if p not in exported])
+
     activation.when_imported(ACCELERATORS, check_choice)
     activation.when_imported(CPU_ACCELERATOR, answer_fp16)
+    activation.when_imported(MULTINODE_RUNNER, export_to_every_node)
     accelerator_module, accelerator_class = onebit.accelerator_class(wanted)
     activation.when_imported(accelerator_module, fill_in_packbits)
     _serve_the_nccl_backend(activation)

@@ -168,7 +168,7 @@ class Target:
 
 def _virtual_device_count() -> int:
     """The CPU backend's default: CUDASHIM_DEVICE_COUNT, else as many as CUDA_VISIBLE_DEVICES
-    lists, else one (the run's own rule; under torchrun it is one per local rank)."""
+    lists, else one (the run's own rule; under a launcher it is one per local rank)."""
     import os
     given = os.environ.get("CUDASHIM_DEVICE_COUNT", "").strip()
     if given.isdigit():
@@ -176,7 +176,8 @@ def _virtual_device_count() -> int:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         return len([part for part in visible.split(",") if part.strip()])
-    return int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    from ..local_ranks import local_world_size
+    return local_world_size() or 1
 
 
 @functools.lru_cache(maxsize=None)
