@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 from typing import Dict, Optional
 
+from . import job_layout
 from .errors import ReportPathError
 
 _SKIP_DIRS = tuple(str(Path(p).resolve()) + os.sep for p in (
@@ -77,13 +78,13 @@ class Report:
 
     # --- output -----------------------------------------------------------------------
     def as_dict(self) -> dict:
-        return {"backend": self.backend_name, "rank": os.environ.get("RANK"), "pid": os.getpid(),
+        return {"backend": self.backend_name, "rank": job_layout.rank(), "pid": os.getpid(),
                 "apis": {k: dict(v) for k, v in sorted(self.entries.items())},
                 "asked": {k: dict(sorted(v.items())) for k, v in sorted(self.askers.items())},
                 "substituted": dict(sorted(self.stand_ins.items()))}
 
     def render(self) -> str:
-        rank = os.environ.get("RANK")
+        rank = job_layout.rank()
         title = f"cudashim report ({self.backend_name} backend" + (f", rank {rank})" if rank else ")")
         if not self.entries and not self.stand_ins:
             return f"{title}: the program used no CUDA API\n"
@@ -139,7 +140,7 @@ def check_writable(json_path: str) -> None:
 
 def rank_path(path: str) -> str:
     """``report.json`` becomes ``report.rank3.json`` in rank 3, so ranks do not overwrite."""
-    rank = os.environ.get("RANK")
+    rank = job_layout.rank()
     if rank is None:
         return path
     p = Path(path)

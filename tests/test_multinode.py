@@ -34,6 +34,7 @@ def c10d_node(node, nodes=2, nproc=2, *, restarts=0):
 
 
 def static_node(node, nodes=2, nproc=2):
+    """torchrun's static rendezvous: every node names the master and its own rank."""
     return shimmed_torchrun("--nnodes", str(nodes), "--nproc-per-node", str(nproc), "--node-rank", str(node),
                             "--master-addr", "node0", "--master-port", MASTER_PORT)
 
@@ -145,3 +146,66 @@ def test_ranks_left_waiting_in_a_collective_time_out_and_end_the_job(tmp_path):
     assert 0 not in run.returncodes, run.output()
     assert "rank 3: hang at epoch 0 step 2" in run.outcomes[1].stdout
     assert not run.left_behind, run.left_behind
+
+
+def srun_tasks(program_args, nodes=2, per_node=2, env=None):
+    """What ``srun --nodes N --ntasks-per-node M python -m cudashim ...`` starts: one task per
+    rank, told where it sits by Slurm's variables; the job script exports MASTER_ADDR."""
+    layout = {"SLURM_NTASKS": str(nodes * per_node), "SLURM_NNODES": str(nodes), "SLURM_JOB_ID": "4242",
+              "SLURM_TASKS_PER_NODE": f"{per_node}(x{nodes})", "SLURM_JOB_NODELIST": f"node[0-{nodes - 1}]",
+              "MASTER_ADDR": "node0", "MASTER_PORT": MASTER_PORT}
+    return [cluster.Command(node, [sys.executable, "-m", "cudashim", *program_args],
+                            env={**JOB_ENV, **layout, **(env or {}), "SLURM_NODEID": str(node),
+                                 "SLURM_PROCID": str(node * per_node + local), "SLURM_LOCALID": str(local)},
+                            cwd=str(ROOT))
+            for node in range(nodes) for local in range(per_node)]
+
+
+def test_srun_tasks_read_slurms_variables_and_train_like_one_node_of_four(tmp_path, one_node_of_four):
+    run = run_cluster(srun_tasks(trainer_args(tmp_path), env={"CUDASHIM_REPORT_JSON": str(tmp_path / "report.json")}))
+    assert run.returncodes == [0, 0, 0, 0], run.output()
+    assert not run.left_behind, run.left_behind
+    assert_same_training(tmp_path / "final.pt", one_node_of_four)
+    for rank in range(4):                # a report per task, named by its SLURM_PROCID
+        assert json.loads((tmp_path / f"report.rank{rank}.json").read_text())["rank"] == str(rank)
+
+
+def test_eight_ranks_on_two_nodes_of_four_devices_train_like_one_process(tmp_path):
+    """Two nodes of four ranks on cudashim's test accelerator (four devices a node, memory of
+    their own; NCCL becomes its collective library beside gloo). The ranks' batches of 8 make up
+    one process's batch of 64 step by step, so the eight ranks train as one process does."""
+    from targets import SHIMDEV
+    if SHIMDEV.why_not is not None:
+        pytest.skip(SHIMDEV.why_not)
+
+    def shimdev_node(node, nodes, nproc):
+        return [sys.executable, "-m", "cudashim", "--test-devices", "4", *static_node(node, nodes, nproc)[3:]]
+
+    run = run_cluster(on_every_node(shimdev_node, trainer_args(tmp_path), nproc=4), timeout=300)
+    assert run.returncodes == [0, 0], run.output()
+    assert not run.left_behind, run.left_behind
+    (tmp_path / "one").mkdir()
+    one = torchrun(*trainer_args(tmp_path / "one", "--batch-size", "64"), nproc=1, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    # saved from shimdev's memory, tagged shimdev:0 as an XPU's checkpoint is tagged xpu:0
+    eight = torch.load(tmp_path / "final.pt", map_location="cpu")
+    single = torch.load(tmp_path / "one" / "final.pt")
+    assert len(eight["losses"]) == 3 * 512 // 64
+    torch.testing.assert_close(eight["losses"], single["losses"], rtol=1e-4, atol=0)
+    torch.testing.assert_close(eight["model"], single["model"], rtol=1e-4, atol=1e-6)
+
+
+def test_the_compressed_allreduce_across_a_shaped_link_computes_what_it_does_on_one_node(tmp_path):
+    """examples/onebit_adam.py (1-bit Adam: Adam's warm-up, then momentum averaged through
+    cudashim's 1-bit compressed allreduce) on two nodes joined by a 1 Gbit/s link, against the
+    same two ranks on one node: the same evaluation losses, bit for bit."""
+    example = [str(ROOT / "examples" / "onebit_adam.py"), "--steps", "40", "--warmup", "10"]
+    run = run_cluster([cluster.Command(node, [*static_node(node, nodes=2, nproc=1), *example,
+                                              "--losses", str(tmp_path / "nodes.json")],
+                                       env=JOB_ENV, cwd=str(ROOT)) for node in (0, 1)], rate="1gbit")
+    assert run.returncodes == [0, 0], run.output()
+    one = torchrun(*example, "--losses", str(tmp_path / "one.json"), nproc=2)
+    assert one.returncode == 0, one.stderr[-3000:]
+    nodes, single = (json.loads((tmp_path / name).read_text()) for name in ("nodes.json", "one.json"))
+    assert len(nodes) >= 2 and nodes[-1] < nodes[0]
+    assert nodes == single

@@ -21,7 +21,7 @@ from typing import Optional, Tuple
 import torch
 
 from ..errors import invalid_device_ordinal, warn_once
-from ..local_ranks import local_world_size
+from ..job_layout import local_world_size
 from . import host, staged
 from .base import Backend
 from .host import DeviceProperties

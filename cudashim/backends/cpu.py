@@ -20,7 +20,7 @@ from typing import Optional, Tuple
 import torch
 
 from ..errors import invalid_device_ordinal
-from ..local_ranks import local_world_size
+from ..job_layout import local_world_size
 from .base import Backend
 from .host import DeviceProperties, HostStreams
 

@@ -176,7 +176,7 @@ def _virtual_device_count() -> int:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         return len([part for part in visible.split(",") if part.strip()])
-    from ..local_ranks import local_world_size
+    from ..job_layout import local_world_size
     return local_world_size() or 1
 
 

@@ -1,9 +1,10 @@
-"""How many ranks a launcher started on this node, whichever launcher it was.
+"""Where this process sits in a job, whichever launcher started it: its rank, and how many
+ranks share its node.
 
 On a GPU machine each of a node's ranks calls ``torch.cuda.set_device(local_rank)`` on a device
 of its own. Where the target has fewer devices (one host, one real accelerator), the backends
 give each local rank a CUDA index of its own; they learn how many from the launcher's
-environment, read here.
+environment, read here. The report names each rank's file by its rank.
 """
 
 import os
@@ -46,3 +47,14 @@ def local_world_size(environ=os.environ) -> Optional[int]:
         return per_node
     node_id = _positive(environ.get("SLURM_NODEID")) or 0
     return slurm_tasks_on_node(environ.get("SLURM_TASKS_PER_NODE", ""), node_id)
+
+
+def rank(environ=os.environ) -> Optional[str]:
+    """This process's rank in its job: torchrun's and DeepSpeed's RANK, srun's SLURM_PROCID
+    (a task srun started), Open MPI's OMPI_COMM_WORLD_RANK, MPICH's and Intel MPI's PMI_RANK;
+    None outside a job."""
+    for name in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        value = environ.get(name, "").strip()
+        if value.isdigit():
+            return value
+    return None

@@ -3,7 +3,7 @@
 
 import pytest
 
-from cudashim.local_ranks import local_world_size, slurm_tasks_on_node
+from cudashim.job_layout import local_world_size, rank, slurm_tasks_on_node
 
 
 @pytest.mark.parametrize("tasks_per_node, node, expected", [
@@ -25,6 +25,13 @@ def test_slurm_tasks_per_node_as_slurm_compresses_it(tasks_per_node, node, expec
     ({"LOCAL_WORLD_SIZE": "0"}, None), ({"LOCAL_WORLD_SIZE": "x", "LOCAL_SIZE": "2"}, 2)])
 def test_each_launchers_local_size(environ, expected):
     assert local_world_size(environ) == expected
+
+
+@pytest.mark.parametrize("environ, expected", [
+    ({}, None), ({"RANK": "3", "SLURM_PROCID": "0"}, "3"), ({"SLURM_PROCID": "5"}, "5"),
+    ({"OMPI_COMM_WORLD_RANK": "2"}, "2"), ({"PMI_RANK": "7"}, "7"), ({"RANK": ""}, None)])
+def test_each_launchers_rank(environ, expected):
+    assert rank(environ) == expected
 
 
 def test_the_cpu_backends_virtual_devices_follow_srun(monkeypatch):
