@@ -88,11 +88,30 @@ def test_nccl_variables_become_what_each_library_reads():
     became, set_items = _map({"NCCL_SOCKET_IFNAME": "eth", "NCCL_DEBUG": "INFO", "NCCL_IB_DISABLE": "1",
                               "TORCH_NCCL_BLOCKING_WAIT": "1", "PATH": "/bin"}, ("gloo", "hccl"))
     assert set_items == [("TORCH_DISTRIBUTED_DEBUG", "INFO"), ("GLOO_SOCKET_IFNAME", "eth0"),
-                         ("HCCL_SOCKET_IFNAME", "eth")]     # HCCL reads NCCL's syntax itself
+                         ("HCCL_SOCKET_IFNAME", "eth"),     # HCCL reads NCCL's syntax itself
+                         ("TORCH_HCCL_BLOCKING_WAIT", "1"), ("HCCL_BLOCKING_WAIT", "1")]
     assert became["NCCL_IB_DISABLE"].startswith("no effect on gloo: tunes NCCL's own transports")
     assert became["TORCH_NCCL_BLOCKING_WAIT"].startswith("nothing to set for gloo: gloo's collectives")
     assert "no effect on hccl" in became["NCCL_DEBUG"]
     assert set(became) == {"NCCL_SOCKET_IFNAME", "NCCL_DEBUG", "NCCL_IB_DISABLE", "TORCH_NCCL_BLOCKING_WAIT"}
+
+
+def test_each_vendor_library_gets_its_own_spelling_of_a_job_scripts_nccl_setup():
+    job = {"NCCL_SOCKET_IFNAME": "^lo", "NCCL_DEBUG": "INFO", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+           "TORCH_NCCL_BLOCKING_WAIT": "1", "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": "600",
+           "TORCH_NCCL_DESYNC_DEBUG": "1", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+    became, set_items = _map(dict(job), ("gloo", "xccl"))          # Intel's GPUs: oneCCL
+    assert dict(set_items) == {"TORCH_DISTRIBUTED_DEBUG": "INFO", "CCL_LOG_LEVEL": "info",
+                               "GLOO_SOCKET_IFNAME": "eth0", "CCL_KVS_IFACE": "eth0", "FI_TCP_IFACE": "eth0",
+                               "TORCH_XCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_XCCL_BLOCKING_WAIT": "1"}
+    assert "gloo has no watchdog thread" in became["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"]
+    assert "no effect on xccl: the library has no desync report" in became["TORCH_NCCL_DESYNC_DEBUG"]
+    assert became["TORCH_NCCL_DUMP_ON_TIMEOUT"].startswith("no effect on gloo: configures torch's NCCL")
+    became, set_items = _map(dict(job), ("gloo", "hccl"))          # Ascend's and Gaudi's HCCL
+    assert {name: value for name, value in set_items if name.startswith(("HCCL", "TORCH_HCCL"))} == {
+        "HCCL_SOCKET_IFNAME": "^lo", "HCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_HCCL_BLOCKING_WAIT": "1",
+        "HCCL_BLOCKING_WAIT": "1", "HCCL_DESYNC_DEBUG": "1"}
+    assert "no effect on hccl: the library keeps its own log level" in became["NCCL_DEBUG"]
 
 
 def test_the_libraries_own_variables_win_and_an_unmatched_interface_is_said(recwarn):

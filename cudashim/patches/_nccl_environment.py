@@ -34,7 +34,7 @@ class Becomes:
 class NcclVariable:
     names: Tuple[str, ...]                 # the variable and its older or newer spellings
     meaning: str
-    libraries: Dict[str, Becomes]          # library -> what it becomes there
+    libraries: Dict[str, Tuple[Becomes, ...]]   # library -> what it becomes there
     otherwise: str                         # for a library the table has no column for
 
 
@@ -62,13 +62,18 @@ def machine_interfaces() -> List[str]:
 
 
 def gloo_interface(pattern: str) -> Optional[str]:
-    """GLOO_SOCKET_IFNAME for an NCCL_SOCKET_IFNAME: the first interface NCCL would select.
-    gloo takes exact names; one is enough for it to bind and connect."""
+    """GLOO_SOCKET_IFNAME for an NCCL_SOCKET_IFNAME: gloo takes exact names, and one is enough
+    for it to bind and connect."""
+    return first_interface(pattern)
+
+
+def first_interface(pattern: str) -> Optional[str]:
+    """For a library that takes one exact interface name: the first NCCL would select."""
     present = machine_interfaces()
     chosen = matching_interfaces(pattern, present)
     if not chosen:
         warn_once("nccl-socket-ifname", f"NCCL_SOCKET_IFNAME={pattern} selects none of this "
-                                        f"machine's interfaces ({', '.join(present)}): gloo picks its own")
+                                        f"machine's interfaces ({', '.join(present)}): the library picks its own")
         return None
     return chosen[0]
 
@@ -77,26 +82,56 @@ def _debug_level(nccl_debug: str) -> Optional[str]:
     return "INFO" if nccl_debug.strip().upper() in ("INFO", "TRACE") else None
 
 
+def _oneccl_log_level(nccl_debug: str) -> Optional[str]:
+    """oneCCL's CCL_LOG_LEVEL for NCCL_DEBUG's levels (NCCL's VERSION prints its version only)."""
+    return {"WARN": "warn", "INFO": "info", "TRACE": "trace"}.get(nccl_debug.strip().upper())
+
+
 _WAITS_ON_THE_HOST = ("gloo's collectives run on the host and raise once the process group's "
                       "timeout passes, which is what this asks of NCCL")
+_NO_WATCHDOG = ("gloo has no watchdog thread: a collective that never completes raises at the "
+                "process group's timeout (init_process_group(timeout=...), which gloo gets as given)")
 _NCCL_TUNING = "tunes NCCL's own transports, which the target's library does not have"
+_TORCH_NCCL = "configures torch's NCCL process group, which the target's library is not"
+HCCL, XCCL = "hccl", "xccl"        # Ascend's and Gaudi's HCCL read the same names; oneCCL's, torch's XCCL
 
 TABLE: Tuple[NcclVariable, ...] = (
     NcclVariable(("NCCL_SOCKET_IFNAME",), "the network interface(s) to use",
-                 {GLOO: Becomes("GLOO_SOCKET_IFNAME", gloo_interface),
-                  "hccl": Becomes("HCCL_SOCKET_IFNAME")},
+                 {GLOO: (Becomes("GLOO_SOCKET_IFNAME", gloo_interface),),
+                  HCCL: (Becomes("HCCL_SOCKET_IFNAME"),),          # HCCL reads NCCL's syntax itself
+                  XCCL: (Becomes("CCL_KVS_IFACE", first_interface), Becomes("FI_TCP_IFACE", first_interface))},
                  "the library chooses its own interface"),
     NcclVariable(("NCCL_DEBUG",), "NCCL's log level",
-                 {GLOO: Becomes("TORCH_DISTRIBUTED_DEBUG", _debug_level)},
+                 {GLOO: (Becomes("TORCH_DISTRIBUTED_DEBUG", _debug_level),),
+                  XCCL: (Becomes("CCL_LOG_LEVEL", _oneccl_log_level),)},
                  "the library keeps its own log level"),
     NcclVariable(("TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"),
                  "tear down the job when a collective fails or times out",
-                 {GLOO: Becomes(why=_WAITS_ON_THE_HOST)}, "the library reports errors its own way"),
+                 {GLOO: (Becomes(why=_WAITS_ON_THE_HOST),),
+                  HCCL: (Becomes("HCCL_ASYNC_ERROR_HANDLING"),),
+                  XCCL: (Becomes("TORCH_XCCL_ASYNC_ERROR_HANDLING"),)},
+                 "the library reports errors its own way"),
     NcclVariable(("TORCH_NCCL_BLOCKING_WAIT", "NCCL_BLOCKING_WAIT"),
                  "make wait() block and raise at the timeout",
-                 {GLOO: Becomes(why=_WAITS_ON_THE_HOST)}, "the library waits its own way"),
+                 {GLOO: (Becomes(why=_WAITS_ON_THE_HOST),),
+                  HCCL: (Becomes("TORCH_HCCL_BLOCKING_WAIT"), Becomes("HCCL_BLOCKING_WAIT")),
+                  XCCL: (Becomes("TORCH_XCCL_BLOCKING_WAIT"),)},
+                 "the library waits its own way"),
+    NcclVariable(("TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC",),
+                 "seconds the watchdog may go unheard before the process is torn down",
+                 {GLOO: (Becomes(why=_NO_WATCHDOG),)}, "the library keeps its own timeouts"),
+    NcclVariable(("TORCH_NCCL_DESYNC_DEBUG", "NCCL_DESYNC_DEBUG"),
+                 "on a timeout, say which rank fell out of step",
+                 {GLOO: (Becomes(why="gloo's timeout error names the collective that timed out; "
+                                     "TORCH_DISTRIBUTED_DEBUG=DETAIL checks that ranks call the same ones"),),
+                  HCCL: (Becomes("HCCL_DESYNC_DEBUG"),)},
+                 "the library has no desync report"),
 )
 _BY_NAME = {name: entry for entry in TABLE for name in entry.names}
+
+
+def _unlisted(name: str) -> str:
+    return _TORCH_NCCL if name.startswith("TORCH_NCCL_") else _NCCL_TUNING
 
 
 def is_nccl_variable(name: str) -> bool:
@@ -114,15 +149,16 @@ def describe(name: str, libraries: Sequence[str]) -> str:
     """What the variable ``name`` becomes for ``libraries``, whatever its value (for scan)."""
     entry, said = _BY_NAME.get(name), []
     for library in dict.fromkeys(libraries):
-        rule = None if entry is None else entry.libraries.get(library)
+        rules = None if entry is None else entry.libraries.get(library)
         if entry is None:
-            said.append(f"no effect on {library}: {_NCCL_TUNING}")
-        elif rule is None:
+            said.append(f"no effect on {library}: {_unlisted(name)}")
+        elif rules is None:
             said.append(f"no effect on {library}: {entry.otherwise}")
-        elif rule.variable is None:
-            said.append(f"nothing to set for {library}: {rule.why}")
+        elif rules[0].variable is None:
+            said.append(f"nothing to set for {library}: {rules[0].why}")
         else:
-            said.append(f"becomes {rule.variable} for {library}, unless that is set")
+            names = " and ".join(rule.variable for rule in rules)
+            said.append(f"becomes {names} for {library}, unless {'that is' if len(rules) == 1 else 'they are'} set")
     return "; ".join(said)
 
 
@@ -137,11 +173,13 @@ def apply(environ, libraries: Sequence[str], set_item,
         outcomes = []
         for library in dict.fromkeys(libraries):
             if entry is None:
-                if name.startswith("NCCL_"):
-                    outcomes.append(f"no effect on {library}: {_NCCL_TUNING}")
+                outcomes.append(f"no effect on {library}: {_unlisted(name)}")
                 continue
-            rule = entry.libraries.get(library)
-            outcomes.append(_becomes(environ, library, rule, value, entry, set_item))
+            rules = entry.libraries.get(library)
+            if rules is None:
+                outcomes.append(f"no effect on {library}: {entry.otherwise}")
+            else:
+                outcomes += [_becomes(environ, library, rule, value, set_item) for rule in rules]
         if outcomes:
             said = "; ".join(outcomes)
             became.append((name, said))
@@ -150,9 +188,7 @@ def apply(environ, libraries: Sequence[str], set_item,
     return became
 
 
-def _becomes(environ, library, rule, value, entry, set_item) -> str:
-    if rule is None:
-        return f"no effect on {library}: {entry.otherwise}"
+def _becomes(environ, library, rule, value, set_item) -> str:
     if rule.variable is None:
         return f"nothing to set for {library}: {rule.why}"
     if rule.variable in environ:
