@@ -4,7 +4,6 @@ written for NCCL launch them; and the faults a multi-node job must survive or en
 
 import fcntl
 import json
-import signal
 import sys
 from pathlib import Path
 
