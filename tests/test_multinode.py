@@ -125,16 +125,23 @@ def test_a_worker_killed_mid_epoch_restarts_the_job_which_resumes_from_its_snaps
     assert_same_training(tmp_path / "final.pt", one_node_of_four, exact=False)
 
 
+def failed_job(commands):
+    """The run of a job that must fail: every node ended on its own (none was still running at
+    the deadline, far past the program's timeout), none with success, nothing left running."""
+    run = run_cluster(commands, timeout=200)
+    assert None not in run.returncodes, "a node was still running at the deadline:\n" + run.output()
+    assert 0 not in run.returncodes, run.output()
+    assert not run.left_behind, run.left_behind
+    return run
+
+
 def test_a_rank_that_raises_fails_every_node_with_its_traceback(tmp_path):
     """Rank 1 (node 1's only rank) raises: node 1 ends with its traceback, and rank 0, whose
     peer is gone mid-allreduce, fails node 0 well before the program's 20 s timeout."""
-    run = run_cluster(on_every_node(c10d_node, trainer_args(tmp_path, "--timeout", "20",
-                                                            *fault("raise", 1, "0:2")), nproc=1), timeout=200)
-    assert None not in run.returncodes, "a node was still running at the deadline:\n" + run.output()
-    assert 0 not in run.returncodes, run.output()
+    run = failed_job(on_every_node(c10d_node, trainer_args(tmp_path, "--timeout", "20",
+                                                           *fault("raise", 1, "0:2")), nproc=1))
     assert "RuntimeError: rank 1 failed at epoch 0 step 2" in run.outcomes[1].stderr
     assert "Connection closed by peer" in run.outcomes[0].stderr, run.output()
-    assert not run.left_behind, run.left_behind
     assert not (tmp_path / "final.pt").exists()
 
 
@@ -142,14 +149,11 @@ def test_ranks_left_waiting_in_a_collective_time_out_and_end_the_job(tmp_path):
     """Rank 3 stops taking part; ranks 0-2 wait in DDP's gradient allreduce until the timeout
     the program gave init_process_group (10 s), raise, and both nodes end non-zero: the hung
     rank is stopped with its node, nothing is left running."""
-    run = run_cluster(on_every_node(c10d_node, trainer_args(tmp_path, "--timeout", "10",
-                                                            *fault("hang", 3, "0:2"))), timeout=200)
-    assert None not in run.returncodes, "a node was still running at the deadline:\n" + run.output()
-    assert 0 not in run.returncodes, run.output()
+    run = failed_job(on_every_node(c10d_node, trainer_args(tmp_path, "--timeout", "10",
+                                                           *fault("hang", 3, "0:2"))))
     assert "rank 3: hang at epoch 0 step 2" in run.outcomes[1].stdout
     # what ended it: the program's own timeout, in gloo's words, on the ranks left waiting
     assert "Timed out waiting 10000ms" in run.outcomes[0].stderr, run.output()
-    assert not run.left_behind, run.left_behind
 
 
 def srun_tasks(program_args, nodes=2, per_node=2, env=None):
