@@ -159,3 +159,32 @@ def test_fsdp_without_a_device_id_takes_cudas_device(world_of_one):
     grads = {name.rpartition(".")[2]: p.grad for name, p in model.named_parameters()}
     assert torch.equal(grads["weight"], reference.weight.grad)
     dist.destroy_process_group()
+
+
+def test_a_worker_of_an_elastic_round_keys_its_store_by_the_round(monkeypatch):
+    """A restarted group across nodes must not read its dead predecessor's keys from the
+    agent's store: a worker told its rendezvous round keeps its keys under that round."""
+    import cudashim
+    from cudashim.patches._elastic_rounds import ROUND
+    from conftest import free_port
+    import datetime
+    port, timeout = free_port(), datetime.timedelta(seconds=20)
+    server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=timeout)
+    server.set("default_pg/0//cpu/rank_0", "a dead rank's address")
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv(ROUND, "3")
+    import importlib
+    rendezvous = importlib.import_module("torch.distributed.rendezvous")    # dist.rendezvous is a function
+    original = rendezvous._create_c10d_store
+    cudashim.activate("cpu")
+    try:
+        store = rendezvous._create_c10d_store("127.0.0.1", port, 0, 2, timeout)
+        assert store.check(["default_pg/0//cpu/rank_0"]) is False       # the round's own keys only
+        store.set("default_pg/0//cpu/rank_0", "this round's address")
+        assert server.get("cudashim/rendezvous-round-3/default_pg/0//cpu/rank_0") == b"this round's address"
+        monkeypatch.delenv(ROUND)                                       # an agent cudashim never saw
+        assert rendezvous._create_c10d_store("127.0.0.1", port, 0, 2, timeout
+                                             ).get("default_pg/0//cpu/rank_0") == b"a dead rank's address"
+    finally:
+        cudashim.deactivate()
+    assert rendezvous._create_c10d_store is original

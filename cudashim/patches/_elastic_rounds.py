@@ -39,5 +39,5 @@ def _prefixed_by_round(create_c10d_store):
         if round_number is None or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
             return store
         import torch.distributed as dist
-        return dist.PrefixStore(f"cudashim/rendezvous-round-{round_number}/", store)
+        return dist.PrefixStore(f"cudashim/rendezvous-round-{round_number}", store)
     return create_c10d_store_of_the_round
