@@ -11,6 +11,9 @@ import sys
 from setuptools import Extension, find_packages, setup
 
 COMPILE_ARGS = ["-O3"]
+# The host kernels give the same bits in every instruction-set variant: no fused multiply-adds
+# where the source writes a multiply and an add.
+KERNEL_ARGS = ["-ffp-contract=off"]
 # The host kernels split their loops over threads (pthreads, part of libc on recent glibc).
 THREAD_ARGS = [] if sys.platform == "win32" else ["-pthread"]
 
@@ -19,6 +22,7 @@ setup(packages=find_packages(include=["cudashim", "cudashim.*"]) + ["cudashim._s
               ["cudashim/_speedups.c", "cudashim/_speedups_callers.c", "cudashim/_speedups_devices.c"],
               depends=["cudashim/_speedups.h"], extra_compile_args=COMPILE_ARGS, optional=True),
     Extension("cudashim.kernels._native", ["cudashim/kernels/_native.c"],
-              extra_compile_args=COMPILE_ARGS + THREAD_ARGS, extra_link_args=THREAD_ARGS,
+              depends=["cudashim/kernels/_native_loops.h"],
+              extra_compile_args=COMPILE_ARGS + KERNEL_ARGS + THREAD_ARGS, extra_link_args=THREAD_ARGS,
               optional=True),
 ])

@@ -16,61 +16,81 @@
 import argparse
 import json
 import os
-import platform
-import statistics
 import sys
 import tempfile
-import time
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from cudashim.kernels import CompressedBackend, error_buffer_size, native, packbits, unpackbits  # noqa: E402
+from cudashim.kernels import CompressedBackend, bits, error_buffer_size, native  # noqa: E402
 from cudashim.kernels import compressed  # noqa: E402
+import host  # noqa: E402
 import shaped_link  # noqa: E402
+from measure import speed, summary, timed, verdict  # noqa: E402
 
 BITS = 64 * 2 ** 20
 ELEMENTS = 16 * 2 ** 20
-WARM_UP_TURNS = 3
 
 
-def timed(functions, repeats):
-    """Time each of ``functions`` (name -> callable) ``repeats`` times, taking turns call by
-    call: this VM's speed drifts over seconds, and blocks timed one after the other caught
-    different drift (unpackbits read 0.76x in one run and 1.48x in another). Three warm-up
-    turns first: a process's first writes into fresh 64 MiB buffers take up to 200 ms on this
-    VM (either side's, numpy's too) before settling at 10-15 ms."""
-    for _ in range(WARM_UP_TURNS):
-        for function in functions.values():
-            function()
-    samples = {name: [] for name in functions}
-    for _ in range(repeats):
-        for name, function in functions.items():
-            start = time.perf_counter()
-            function()
-            samples[name].append((time.perf_counter() - start) * 1e3)
-    return {name: {"median_ms": statistics.median(values), "min_ms": min(values), "max_ms": max(values)}
-            for name, values in samples.items()}
+def runnable_variants():
+    """The host-kernel variants this CPU runs, the chosen one first."""
+    chosen = native.variant()
+    others = [v.name for v in native.variants() if v.runs_here and v.name != chosen]
+    return ([chosen] if chosen else []) + others
+
+
+def in_variant(name, function):
+    def run():
+        with native.using_variant(name):
+            return function()
+    return run
+
+
+def portable(function):
+    def run():
+        with native.portable_only():
+            return function()
+    return run
+
+
+def thread_counts():
+    return sorted({1, min(2, os.cpu_count() or 1)})
+
+
+def row(what, threads, samples, references, target):
+    """One table row: the chosen variant against each reference (all taking turns)."""
+    variants = runnable_variants()
+    mine = samples[variants[0]]
+    speeds = {name: speed(samples[name], mine) for name in references}
+    verdicts = [verdict(ratio, target) for ratio in speeds.values()]
+    met = ("yes" if all(v == "yes" for v in verdicts) else
+           "no" if "no" in verdicts else "unresolved (target within the spread)")
+    return {"what": what, "threads": threads, "variant": variants[0],
+            "timings": {name: summary(values) for name, values in samples.items()},
+            "references": list(references), "speeds": speeds, "target": target, "met": met}
 
 
 def bit_rows(repeats):
-    bits = torch.rand(BITS) < 0.5
-    array = bits.numpy()
-    packed = np.packbits(array)
-    assert np.array_equal(packbits(bits).numpy(), packed)
+    bits_in = torch.rand(BITS) < 0.5
+    array = bits_in.numpy()
+    packed_array = np.packbits(array)
+    packed = torch.from_numpy(packed_array)
+    assert np.array_equal(native.packbits(bits_in).numpy(), packed_array)
     rows = []
-    for name, ours, theirs in (
-            ("packbits, 64 Mi bits", lambda: packbits(bits), lambda: np.packbits(array)),
-            ("unpackbits, 64 Mi bits", lambda: unpackbits(torch.from_numpy(packed)),
-             lambda: np.unpackbits(packed))):
-        timings = timed({"mine": ours, "reference": theirs}, repeats)
-        mine, reference = timings["mine"], timings["reference"]
-        rows.append({"what": name, "cudashim": mine, "reference": reference, "reference_name": "numpy",
-                     "speed_vs_reference": reference["median_ms"] / mine["median_ms"],
-                     "target": 1.0})
+    saved = torch.get_num_threads()
+    for threads in thread_counts():
+        torch.set_num_threads(threads)
+        for name, ours, numpy_version, torch_version in (
+                ("packbits, 64 Mi bits", lambda: native.packbits(bits_in), lambda: np.packbits(array),
+                 lambda: bits.packbits(bits_in)),
+                ("unpackbits, 64 Mi bits", lambda: native.unpackbits(packed), lambda: np.unpackbits(packed_array),
+                 lambda: bits.unpackbits(packed))):
+            functions = {variant: in_variant(variant, ours) for variant in runnable_variants()}
+            functions.update({"numpy": numpy_version, "portable": torch_version})
+            rows.append(row(name, threads, timed(functions, repeats), ("numpy", "portable"), 1.0))
+    torch.set_num_threads(saved)
     return rows
 
 
@@ -84,7 +104,7 @@ def compression_work(buffer, worker_error, server_error, world=2):
     compressed.expand_into(buffer, server_packed.repeat(world), server_scale.reshape(1).repeat(world))
 
 
-def compression_row(repeats, world=2):
+def compression_rows(repeats, world=2):
     torch.manual_seed(0)
     buffer = torch.randn(ELEMENTS)
     size = error_buffer_size(ELEMENTS, world)
@@ -95,9 +115,8 @@ def compression_row(repeats, world=2):
     def run(state):
         return lambda: compression_work(*state)
 
-    with native.portable_only():
-        portable_state = fresh()
-        run(portable_state)()
+    portable_state = fresh()
+    portable(run(portable_state))()
     compiled_state = fresh()
     run(compiled_state)()
     # One call from the same state: the two paths agree to float32 summation error. The
@@ -105,17 +124,16 @@ def compression_row(repeats, world=2):
     # the compiled sum (float lanes folded into a double) matches a float64 norm.
     for mine, theirs in zip(compiled_state, portable_state):
         assert torch.allclose(mine, theirs, rtol=2e-3, atol=2e-3), "compiled and portable disagree"
-    def portable(work):
-        def run_portable():
-            with native.portable_only():
-                work()
-        return run_portable
-
-    timings = timed({"portable": portable(run(fresh())), "compiled": run(fresh())}, repeats)
-    return {"what": "compression work, 16 Mi float32", "cudashim": timings["compiled"],
-            "reference": timings["portable"], "reference_name": "the portable torch version",
-            "speed_vs_reference": timings["portable"]["median_ms"] / timings["compiled"]["median_ms"],
-            "target": 5.0}
+    rows = []
+    saved = torch.get_num_threads()
+    for threads in thread_counts():
+        torch.set_num_threads(threads)
+        functions = {variant: in_variant(variant, run(fresh())) for variant in runnable_variants()}
+        functions["portable"] = portable(run(fresh()))
+        rows.append(row("compression work, 16 Mi float32", threads, timed(functions, repeats),
+                        ("portable",), 5.0))
+    torch.set_num_threads(saved)
+    return rows
 
 
 def _rank(rank, world, init_method, repeats, out):
@@ -136,27 +154,62 @@ def _rank(rank, world, init_method, repeats, out):
         return run
 
     # Both ranks take the same turns, so each collective meets its partner.
-    timings = timed({"compressed": synchronised(lambda: backend.compressed_allreduce(buffer, worker_error, server_error)),
+    samples = timed({"compressed": synchronised(lambda: backend.compressed_allreduce(buffer, worker_error, server_error)),
                      "plain": synchronised(lambda: dist.all_reduce(buffer))}, repeats)
     if rank == 0:
-        torch.save(timings, out)
+        torch.save(samples, out)
     dist.destroy_process_group()
 
 
-def allreduce_row(repeats, world=2, init_method=None, link="this machine's loopback"):
+def allreduce_row(repeats, world=2, init_method=None, link="this machine's loopback", target=None):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "timings.pt")
         mp.spawn(_rank, args=(world, init_method or f"file://{tmp}/store", repeats, out),
                  nprocs=world, join=True)
-        timings = torch.load(out)
+        samples = torch.load(out)
     plain_bytes = 2 * (world - 1) * ELEMENTS * 4 // world     # ring all_reduce payload per rank
     compressed_bytes = CompressedBackend.wire_bytes(ELEMENTS, world)
-    return {"what": f"allreduce, 16 Mi float32, {world} gloo ranks, {link}",
-            "cudashim": timings["compressed"], "reference": timings["plain"],
-            "reference_name": "float32 all_reduce",
-            "speed_vs_reference": timings["plain"]["median_ms"] / timings["compressed"]["median_ms"],
-            "wire_bytes_per_rank": {"cudashim": compressed_bytes, "reference": plain_bytes,
-                                    "ratio": plain_bytes / compressed_bytes}}
+    return finish_allreduce_row({
+        "what": f"allreduce, 16 Mi float32, {world} gloo ranks, {link}", "threads": 1,
+        "variant": native.variant(), "samples": samples, "references": ["plain"],
+        "wire_bytes_per_rank": {"cudashim": compressed_bytes, "reference": plain_bytes,
+                                "ratio": plain_bytes / compressed_bytes}}, target)
+
+
+def finish_allreduce_row(found, target):
+    """The row's speeds and verdict, once its target is known (the shaped rows set theirs)."""
+    samples = found["samples"]
+    found["timings"] = {name: summary(values) for name, values in samples.items()}
+    found["speeds"] = {"plain": speed(samples["plain"], samples["compressed"])}
+    found["target"] = target
+    found["met"] = verdict(found["speeds"]["plain"], target)
+    return found
+
+
+NAMES = {"numpy": "numpy", "portable": "the portable torch version", "plain": "float32 all_reduce"}
+
+
+def print_table(rows):
+    print(f"{'what':58s} {'thr':>3s} {'ours ms':>9s}  {'against':34s} {'speed':>6s} {'(middle half)':>14s} "
+          f"{'target':>6s} met")
+    for r in rows:
+        ours = r["timings"][r.get("variant") if r.get("variant") in r["timings"] else "compressed"]
+        for i, name in enumerate(r["references"]):
+            ratio = r["speeds"][name]
+            target = "" if r["target"] is None else f"{r['target']:.0f}x"
+            label = f"{NAMES[name]} {r['timings'][name]['median_ms']:.1f} ms"
+            head = (f"{r['what']:58s} {r['threads']:3d} {ours['median_ms']:9.2f}" if i == 0
+                    else f"{'':58s} {'':3s} {'':9s}")
+            print(f"{head}  {label:34s} {ratio['median']:5.2f}x {ratio['low']:6.2f}-{ratio['high']:<6.2f} "
+                  f"{target:>6s} {r['met'] if i == len(r['references']) - 1 else ''}")
+        others = [f"{name} {t['median_ms']:.2f} ms" for name, t in r["timings"].items()
+                  if name not in r["references"] and name not in (r.get("variant"), "compressed")]
+        if others:
+            print(f"{'':58s}     other variants: {', '.join(others)} (chosen: {r['variant']})")
+        if "wire_bytes_per_rank" in r:
+            w = r["wire_bytes_per_rank"]
+            print(f"{'':58s}     bytes on the wire per rank: {w['cudashim']:,} vs {w['reference']:,} "
+                  f"({w['ratio']:.1f}x fewer)")
 
 
 def main():
@@ -165,31 +218,25 @@ def main():
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--no-link", action="store_true", help="skip the shaped-link rows")
     args = parser.parse_args()
-    rows = bit_rows(args.repeats) + [compression_row(args.repeats),
-                                     allreduce_row(max(3, args.repeats // 3))]
+    if native.unavailable():
+        sys.exit(f"the compiled kernels do not run here: {native.unavailable()}")
+    info = host.describe()
+    info.update(numpy=np.__version__, threads=torch.get_num_threads(),
+                kernel_variants={v.name: {"needs": v.needs, "runs_here": v.runs_here} for v in native.variants()},
+                chosen_variant=native.variant())
+    print(host.line(info))
+    rows = bit_rows(args.repeats) + compression_rows(args.repeats) + [allreduce_row(max(3, args.repeats // 3))]
     skipped = None
     if not args.no_link:
         link_rows, skipped = shaped_link.rows(max(3, args.repeats // 3))
         rows += link_rows
-    print(f"{'what':44s} {'cudashim ms':>12s} {'reference ms':>13s} {'speed':>7s} {'target':>7s} met  reference")
-    for r in rows:
-        target = r.get("target")
-        met = "-" if target is None else ("yes" if r["speed_vs_reference"] >= target else "NO")
-        print(f"{r['what']:44s} {r['cudashim']['median_ms']:12.2f} {r['reference']['median_ms']:13.2f} "
-              f"{r['speed_vs_reference']:6.2f}x {'' if target is None else f'{target:.1f}x':>7s} {met:>3s}  "
-              f"{r['reference_name']} "
-              f"(spread {r['cudashim']['min_ms']:.1f}-{r['cudashim']['max_ms']:.1f} vs "
-              f"{r['reference']['min_ms']:.1f}-{r['reference']['max_ms']:.1f} ms)")
-        if "wire_bytes_per_rank" in r:
-            w = r["wire_bytes_per_rank"]
-            print(f"{'':44s} bytes on the wire per rank: {w['cudashim']:,} vs {w['reference']:,} "
-                  f"({w['ratio']:.1f}x fewer)")
-    machine = {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
-               "cpus": os.cpu_count(), "threads": torch.get_num_threads(), "platform": platform.platform()}
+    print_table(rows)
     if skipped:
         print(f"shaped-link rows skipped: {skipped}")
+    for r in rows:
+        r.pop("samples", None)
     with open(args.json, "w") as f:
-        json.dump({"machine": machine, "rows": rows, "shaped_link_skipped": skipped}, f, indent=2)
+        json.dump({"host": info, "rows": rows, "shaped_link_skipped": skipped}, f, indent=2)
     print(f"wrote {args.json}")
 
 

@@ -185,8 +185,7 @@ def doctor(settings) -> int:
             out("CUDA-only libraries (--substitute):\n" + "".join(f"  {line}\n" for line in stand_ins))
             out("frameworks with a device layer of their own:\n" + "".join(
                 f"  {line}\n" for line in framework_lines(backend)))
-            out(f"hot wrappers: {speedups.describe(settings)}; host kernels: "
-                f"{native.why_not_used() or 'compiled (cudashim.kernels._native)'}\n")
+            out(f"hot wrappers: {speedups.describe(settings)}; host kernels: {host_kernels_line()}\n")
             out(f"{speedups.fast_path(settings)}\n")
             out("patch groups:\n")
             width = max(map(len, patches.names()))
@@ -202,6 +201,16 @@ def doctor(settings) -> int:
         return 1
     out("self-check: pass (tensors, .cuda(), autocast, GradScaler, events, backward, checkpoint)\n")
     return 0
+
+
+def host_kernels_line() -> str:
+    """Which compiled host kernels run, and which instruction-set variants this build has."""
+    why_not = native.why_not_used()
+    if why_not is not None:
+        return why_not
+    variants = ", ".join(v.name if v.runs_here else f"{v.name}: this CPU lacks {v.needs}"
+                         for v in native.variants())
+    return f"compiled (cudashim.kernels._native), the {native.variant()} variant (built: {variants})"
 
 
 def substitute_lines(settings, device_type: str):

@@ -170,10 +170,26 @@ def test_torch_compile_traces_through_the_wrappers(pure_python):
 
 # --- kernels -------------------------------------------------------------------------------
 
+def _variant_names():
+    return [v.name for v in native.variants()] or ["none built"]
+
+
+@pytest.fixture(params=_variant_names())
+def variant(request):
+    """Each instruction-set variant of the host kernels in turn, where this CPU runs it."""
+    found = {v.name: v for v in native.variants()}
+    if request.param not in found:
+        pytest.skip("the compiled kernels were not built")
+    if not found[request.param].runs_here:
+        pytest.skip(f"this CPU cannot run the {request.param} kernels (they need {found[request.param].needs})")
+    with native.using_variant(request.param):
+        yield request.param
+
+
 @needs_compiled
 @pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 1001, 65536 + 3])
 @pytest.mark.parametrize("bitorder", ["big", "little"])
-def test_compiled_bit_kernels_match_the_portable_ones(n, bitorder):
+def test_compiled_bit_kernels_match_the_portable_ones(n, bitorder, variant):
     torch.manual_seed(n)
     flags = torch.rand(n) < 0.5
     counts = torch.randint(0, 3, (n,), dtype=torch.int32)
@@ -185,6 +201,7 @@ def test_compiled_bit_kernels_match_the_portable_ones(n, bitorder):
     floats = torch.randn(n)
     floats[::5] = 0.0
     floats[1::7] = -0.0
+    floats[2::11] = float("nan")
     assert torch.equal(native.pack_signs(floats), bits.pack_signs(floats))
     assert torch.equal(native.unpack_signs(packed, n), bits.unpack_signs(packed, n))
 
@@ -208,7 +225,7 @@ def _compression_steps(buffer, world):
 
 @needs_compiled
 @pytest.mark.parametrize("world, numel", [(2, 8 * 1000), (4, 999), (2, 600_003)])
-def test_compiled_compression_matches_the_portable_one(world, numel):
+def test_compiled_compression_matches_the_portable_one(world, numel, variant):
     torch.manual_seed(numel)
     buffer = torch.randn(numel)
     buffer[::97] = 0.0
@@ -233,8 +250,68 @@ def test_compiled_compression_matches_the_portable_one(world, numel):
 
 
 @needs_compiled
+def test_every_variant_gives_the_same_bits_as_the_one_chosen():
+    """The variants differ in instruction set only: the scales too are equal bit for bit."""
+    torch.manual_seed(5)
+    buffer = torch.randn(300_001)
+    chosen = _compression_steps(buffer.clone(), world=2)
+    runnable = [v.name for v in native.variants() if v.runs_here]
+    assert native.variant() == runnable[0]             # the widest, where it agrees
+    for name in runnable[1:]:
+        with native.using_variant(name):
+            other = _compression_steps(buffer.clone(), world=2)
+        for key, value in chosen.items():
+            assert torch.equal(value, other[key]), (name, key)
+
+
+@needs_compiled
+def test_doctor_names_the_variant_that_runs_and_what_the_others_need():
+    from cudashim.doctor import host_kernels_line
+    line = host_kernels_line()
+    assert f"the {native.variant()} variant" in line
+    for v in native.variants():
+        assert (f"{v.name}: this CPU lacks {v.needs}" in line) == (not v.runs_here), line
+
+
+@needs_compiled
+def test_a_variant_this_cpu_cannot_run_is_refused_by_name():
+    missing = [v for v in native.variants() if not v.runs_here]
+    with pytest.raises(ValueError, match="no host-kernel variant named 'mmx'"):
+        with native.using_variant("mmx"):
+            pass
+    for v in missing:
+        with pytest.raises(ValueError, match=f"cannot run the {v.name} host kernels"):
+            with native.using_variant(v.name):
+                pass
+
+
+@needs_compiled
+def test_a_variant_that_disagrees_with_the_portable_version_is_passed_over(monkeypatch, caplog):
+    """The probe run at first use: a variant whose packing is wrong is logged and skipped."""
+    runnable = [v.name for v in native.variants() if v.runs_here]
+    monkeypatch.setattr(native, "_choice", None)
+    monkeypatch.setattr(native, "_choice_failed", False)
+    real_packbits = native.packbits
+
+    def broken_in_the_widest(x, bitorder="big"):
+        out = real_packbits(x, bitorder)
+        return out ^ 1 if native._native.variant() == runnable[0] else out
+    monkeypatch.setattr(native, "packbits", broken_in_the_widest)
+    with caplog.at_level("WARNING", logger="cudashim.kernels.native"):
+        reason = native.unavailable()
+    if len(runnable) == 1:
+        assert reason == "no variant of the compiled kernels agrees with the portable versions"
+    else:
+        assert reason is None and native.variant() == runnable[1]
+    assert f"the {runnable[0]} host kernels are not used: packbits (big)" in caplog.text
+    monkeypatch.undo()
+    native._choice = None                      # chosen afresh: the widest again
+    assert native.unavailable() is None and native.variant() == runnable[0]
+
+
+@needs_compiled
 @pytest.mark.parametrize("threads", [1, 3])
-def test_compiled_bit_kernels_match_numpy_when_split_over_threads(threads):
+def test_compiled_bit_kernels_match_numpy_when_split_over_threads(threads, variant):
     import numpy as np
     torch.set_num_threads(threads)
     torch.manual_seed(threads)

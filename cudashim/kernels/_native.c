@@ -23,9 +23,6 @@
 #if !defined(_WIN32)
 #include <pthread.h>
 #endif
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
 
 /* Eight 0/1 bytes read as a little-endian word, times this, leave the packed byte on top. */
 #define PACK_BIG 0x8040201008040201ULL
@@ -132,7 +129,7 @@ static int parse_addresses(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t e
     return 1;
 }
 
-/* ---- bit packing ------------------------------------------------------------------------ */
+/* ---- what the loops share ---------------------------------------------------------------- */
 
 typedef struct {
     const unsigned char *src;
@@ -148,45 +145,152 @@ static inline uint64_t reverse_each_byte(uint64_t x)
     return (x >> 1 & 0x5555555555555555ULL) | (x & 0x5555555555555555ULL) << 1;
 }
 
-static void pack_part(void *context, size_t start, size_t stop, size_t part)
-{
-    const Bytes *b = (const Bytes *)context;
-    const uint64_t multiplier = b->little ? PACK_LITTLE : PACK_BIG;
-    size_t i = start;
-#if defined(__SSE2__)
-    /* Sixteen bytes to a register: each 0/1 shifted up to the top bit, then one mask of them
-     * (element k at bit k: the little order). Four masks make eight packed bytes. */
-    for (; i + 8 <= stop; i += 8) {
-        uint64_t word = 0;
-        int q;
-        for (q = 0; q < 4; q++) {
-            const __m128i flags = _mm_loadu_si128((const __m128i *)(b->src + 8 * i + 16 * q));
-            word |= (uint64_t)(unsigned)_mm_movemask_epi8(_mm_slli_epi16(flags, 7)) << (16 * q);
-        }
-        if (!b->little)
-            word = reverse_each_byte(word);
-        memcpy(b->dst + i, &word, 8);
-    }
+/* Sums of squares are taken a block at a time, in eight float lanes (which vectorize) folded
+ * into a double per block: as accurate as torch's pairwise float32 sum on these lengths.
+ * Parts start on block bounds, so the blocks, and the sum, do not depend on the threads. */
+#define BLOCK 4096
+
+/* Packing reads its input once, front to back: each line is asked for this far ahead. */
+#define PREFETCH_AHEAD 1024
+
+/* Eight floats: GCC and Clang turn arithmetic on it into one instruction where registers
+ * are 256 bits wide, two where they are 128 (SSE2, NEON). */
+#if !defined(__GNUC__)
+#error "the host kernels need GCC or Clang vector extensions; cudashim runs without them"
 #endif
-    for (; i < stop; i++) {
-        uint64_t word;
-        memcpy(&word, b->src + 8 * i, 8);
-        b->dst[i] = (unsigned char)((word * multiplier) >> 56);
-    }
+typedef float f8 __attribute__((vector_size(32)));
+/* Unaligned loads and stores of eight floats, as macros: a function passing f8 by value would
+ * have one calling convention with AVX and another without. */
+#define LOAD8(p) __extension__({ f8 v_; memcpy(&v_, (p), sizeof v_); v_; })
+#define STORE8(p, v) do { f8 v_ = (v); memcpy((p), &v_, sizeof v_); } while (0)
+
+typedef struct {
+    /* what is compressed: x (the error tensor, updated in place first) */
+    float *x;
+    size_t n;
+    /* the worker side: x[:buffer_n] += buffer */
+    const float *buffer;
+    size_t buffer_n;
+    /* the server side: x += the mean over rows of row r's signs times scales[r] */
+    const unsigned char *signs;
+    const float *scales;
+    size_t rows;
+    /* the result */
+    float scale;
+    unsigned char *packed;
+    double squares[MAX_PARTS];
+} Compression;
+
+typedef struct {
+    const unsigned char *packed;
+    size_t columns;
+    const float *scales;
+    float *out;
+} Expansion;
+
+/* One variant's loops (see _native_loops.h). */
+typedef struct {
+    PartBody pack, unpack, compensate, server, residue, pack_signs, expand;
+} Loops;
+
+/* ---- the variants, one per instruction set ------------------------------------------------ */
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+
+#if defined(__clang__)
+#define TARGET_PUSH(isa) _Pragma("clang attribute push(__attribute__((target(\"" isa "\"))), apply_to = function)")
+#define TARGET_POP() _Pragma("clang attribute pop")
+#else
+#define TARGET_PRAGMA(text) _Pragma(#text)
+#define TARGET_PUSH(isa) _Pragma("GCC push_options") TARGET_PRAGMA(GCC target(isa))
+#define TARGET_POP() _Pragma("GCC pop_options")
+#endif
+
+#define VARIANT avx512
+#define SIMD_LEVEL 3
+TARGET_PUSH("avx512f,avx512bw,avx2,avx")
+#include "_native_loops.h"
+TARGET_POP()
+#undef VARIANT
+#undef SIMD_LEVEL
+
+#define VARIANT avx2
+#define SIMD_LEVEL 2
+TARGET_PUSH("avx2,avx")
+#include "_native_loops.h"
+TARGET_POP()
+#undef VARIANT
+#undef SIMD_LEVEL
+
+#define VARIANT sse2
+#define SIMD_LEVEL 1
+#include "_native_loops.h"
+#undef VARIANT
+#undef SIMD_LEVEL
+
+static int runs_avx512(void) { return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"); }
+static int runs_avx2(void) { return __builtin_cpu_supports("avx2"); }
+static int runs_always(void) { return 1; }
+
+typedef struct {
+    const char *name;
+    const char *needs;                       /* the CPU features, as /proc/cpuinfo names them */
+    int (*runs_here)(void);
+    const Loops *loops;
+} Variant;
+
+/* Widest first. */
+static const Variant variants[] = {
+    {"avx512", "avx512f avx512bw", runs_avx512, &loops_avx512},
+    {"avx2", "avx2", runs_avx2, &loops_avx2},
+    {"sse2", "sse2 (every x86-64 CPU)", runs_always, &loops_sse2},
+};
+
+#else   /* arm64 (NEON is part of every AArch64 CPU) and other hosts: the vector extensions */
+
+#if defined(__aarch64__)
+#define VARIANT neon
+#else
+#define VARIANT generic
+#endif
+#define SIMD_LEVEL 0
+#include "_native_loops.h"
+#undef SIMD_LEVEL
+
+static int runs_always(void) { return 1; }
+
+typedef struct {
+    const char *name;
+    const char *needs;
+    int (*runs_here)(void);
+    const Loops *loops;
+} Variant;
+
+#if defined(__aarch64__)
+static const Variant variants[] = {{"neon", "asimd (every AArch64 CPU)", runs_always, &loops_neon}};
+#else
+static const Variant variants[] = {{"generic", "nothing (the compiler's vector code)", runs_always, &loops_generic}};
+#endif
+#undef VARIANT
+#endif
+
+#define VARIANT_COUNT (sizeof variants / sizeof variants[0])
+
+/* The variant the entry points run: the widest this CPU runs until native.py, having checked
+ * each against the portable version, picks one (use_variant). */
+static const Variant *current = NULL;
+
+static const Variant *widest_running_here(void)
+{
+    size_t v;
+    for (v = 0; v < VARIANT_COUNT; v++)
+        if (variants[v].runs_here())
+            return &variants[v];
+    return &variants[VARIANT_COUNT - 1];
 }
 
-static void unpack_part(void *context, size_t start, size_t stop, size_t part)
-{
-    const Bytes *b = (const Bytes *)context;
-    const uint64_t *table = unpack_table[b->little];
-    size_t i = start;
-    for (; i + 2 <= stop; i += 2) {           /* two table words, one 16-byte store */
-        const uint64_t pair[2] = {table[b->src[i]], table[b->src[i + 1]]};
-        memcpy(b->dst + 8 * i, pair, 16);
-    }
-    for (; i < stop; i++)
-        memcpy(b->dst + 8 * i, &table[b->src[i]], 8);
-}
+/* ---- bit packing ------------------------------------------------------------------------ */
 
 /* The two entry points below: (src, count, dst, little, threads), count words to pack or
  * bytes to unpack, run by body. */
@@ -208,162 +312,21 @@ static PyObject *run_bytes(PyObject *const *args, Py_ssize_t nargs, const char *
 /* pack_bytes(src, words, dst, little, threads): 8 * words bytes of 0/1 -> words packed bytes. */
 static PyObject *pack_bytes(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    return run_bytes(args, nargs, "pack_bytes", pack_part);
+    return run_bytes(args, nargs, "pack_bytes", current->loops->pack);
 }
 
 /* unpack_bytes(src, count, dst, little, threads): count packed bytes -> 8 * count 0/1 bytes. */
 static PyObject *unpack_bytes(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    return run_bytes(args, nargs, "unpack_bytes", unpack_part);
+    return run_bytes(args, nargs, "unpack_bytes", current->loops->unpack);
 }
 
 /* ---- 1-bit compression ------------------------------------------------------------------ */
 
-/* Sums of squares are taken a block at a time, in eight float lanes (which vectorize) folded
- * into a double per block: as accurate as torch's pairwise float32 sum on these lengths.
- * Parts start on block bounds, so the blocks, and the sum, do not depend on the threads. */
-#define BLOCK 4096
-
-/* Four floats, one register's worth: GCC and Clang turn arithmetic on it into one
- * instruction on any machine with 128-bit registers (SSE2 on every x86-64, NEON on arm64).
- * The loops below take eight floats at a time, as two of these. */
-#if !defined(__GNUC__)
-#error "the host kernels need GCC or Clang vector extensions; cudashim runs without them"
-#endif
-typedef float f4 __attribute__((vector_size(16)));
-
-static inline f4 load4(const float *p)
-{
-    f4 v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static inline void store4(float *p, f4 v)
-{
-    memcpy(p, &v, sizeof v);
-}
-
-/* The packed sign byte of eight floats (big bit order): one compare and mask a register of
- * four with SSE2, one compare a float elsewhere; the same bits. */
-static inline unsigned char sign_byte(const float *x)
-{
-#if defined(__SSE2__)
-    const __m128 zero = _mm_setzero_ps();
-    const int low = _mm_movemask_ps(_mm_cmpge_ps(_mm_loadu_ps(x), zero));
-    const int high = _mm_movemask_ps(_mm_cmpge_ps(_mm_loadu_ps(x + 4), zero));
-    return reversed[low | high << 4];
-#else
-    unsigned little = 0;
-    int k;
-    for (k = 0; k < 8; k++)
-        little |= (unsigned)(x[k] >= 0.0f) << k;
-    return reversed[little];
-#endif
-}
-
-static double block_squares(const float *x, size_t n)
-{
-    f4 low = {0, 0, 0, 0}, high = {0, 0, 0, 0};        /* lanes 0-3 and 4-7 */
-    double total = 0.0;
-    size_t i;
-    int k;
-    for (i = 0; i + 8 <= n; i += 8) {
-        const f4 a = load4(x + i), b = load4(x + i + 4);
-        low += a * a;
-        high += b * b;
-    }
-    for (; i < n; i++)
-        low[0] += x[i] * x[i];
-    for (k = 0; k < 4; k++)
-        total += low[k];
-    for (k = 0; k < 4; k++)
-        total += high[k];
-    return total;
-}
-
-typedef struct {
-    /* what is compressed: x (the error tensor, updated in place first) */
-    float *x;
-    size_t n;
-    /* the worker side: x[:buffer_n] += buffer */
-    const float *buffer;
-    size_t buffer_n;
-    /* the server side: x += the mean over rows of row r's signs times scales[r] */
-    const unsigned char *signs;
-    const float *scales;
-    size_t rows;
-    /* the result */
-    float scale;
-    unsigned char *packed;
-    double squares[MAX_PARTS];
-} Compression;
-
-/* Pass one of the worker side: compensate (x += buffer), then sum the squares. */
-static void compensate_part(void *context, size_t start, size_t stop, size_t part)
-{
-    Compression *c = (Compression *)context;
-    double squares = 0.0;
-    size_t block, i;
-    for (block = start; block < stop; block += BLOCK) {
-        size_t end = block + BLOCK < stop ? block + BLOCK : stop;
-        size_t added = end < c->buffer_n ? end : c->buffer_n;
-        for (i = block; i < added; i++)
-            c->x[i] += c->buffer[i];
-        squares += block_squares(c->x + block, end - block);
-    }
-    c->squares[part] = squares;
-}
-
-/* Pass one of the server side: x += (sum over rows of sign * scale) / rows, as the portable
- * version computes it (row by row, then divided), then sum the squares. */
-static void server_part(void *context, size_t start, size_t stop, size_t part)
-{
-    Compression *c = (Compression *)context;
-    float *restrict x = c->x;
-    const unsigned char *restrict signs = c->signs;
-    const size_t row_bytes = c->n / 8, rows = c->rows;
-    const float divisor = (float)rows;
-    double squares = 0.0;
-    size_t block, i, r;
-    for (block = start; block < stop; block += BLOCK) {
-        size_t end = block + BLOCK < stop ? block + BLOCK : stop;
-        for (i = block; i < end; i += 8) {
-            const float *first = sign_table[signs[i / 8]];
-            f4 low = load4(first) * c->scales[0], high = load4(first + 4) * c->scales[0];
-            for (r = 1; r < rows; r++) {
-                const float *row = sign_table[signs[r * row_bytes + i / 8]];
-                low += load4(row) * c->scales[r];
-                high += load4(row + 4) * c->scales[r];
-            }
-            store4(x + i, load4(x + i) + low / divisor);
-            store4(x + i + 4, load4(x + i + 4) + high / divisor);
-        }
-        squares += block_squares(x + block, end - block);
-    }
-    c->squares[part] = squares;
-}
-
-/* Pass two: pack the signs of x; x becomes what they miss, x - (+scale or -scale). */
-static void residue_part(void *context, size_t start, size_t stop, size_t part)
-{
-    Compression *c = (Compression *)context;
-    float *restrict x = c->x;
-    unsigned char *restrict packed = c->packed;
-    const float scale = c->scale;
-    size_t i;
-    for (i = start; i < stop; i += 8) {
-        const unsigned char byte = sign_byte(x + i);
-        const float *signs = sign_table[byte];
-        packed[i / 8] = byte;
-        store4(x + i, load4(x + i) - load4(signs) * scale);
-        store4(x + i + 4, load4(x + i + 4) - load4(signs + 4) * scale);
-    }
-}
-
 /* Both passes; the scale is ||x|| / sqrt(n). */
 static PyObject *compress(Compression *c, PartBody first_pass, size_t threads)
 {
+    PartBody residue = current->loops->residue;
     Py_BEGIN_ALLOW_THREADS
     {
         size_t parts = parallel_for(c->n, BLOCK, threads, first_pass, c), p;
@@ -371,7 +334,7 @@ static PyObject *compress(Compression *c, PartBody first_pass, size_t threads)
         for (p = 0; p < parts; p++)
             squares += c->squares[p];
         c->scale = c->n ? (float)(sqrt(squares) / sqrt((double)c->n)) : 0.0f;
-        parallel_for(c->n, BLOCK, threads, residue_part, c);
+        parallel_for(c->n, BLOCK, threads, residue, c);
     }
     Py_END_ALLOW_THREADS
     return PyFloat_FromDouble(c->scale);
@@ -392,7 +355,7 @@ static PyObject *compress_compensated_f32(PyObject *module, PyObject *const *arg
     c.x = (float *)a[2];
     c.n = (size_t)a[3];
     c.packed = (unsigned char *)a[4];
-    return compress(&c, compensate_part, (size_t)a[5]);
+    return compress(&c, current->loops->compensate, (size_t)a[5]);
 }
 
 /* compress_server_f32(signs, rows, scales, error, n, packed, threads) -> scale: the server
@@ -411,18 +374,10 @@ static PyObject *compress_server_f32(PyObject *module, PyObject *const *args, Py
     c.x = (float *)a[3];
     c.n = (size_t)a[4];
     c.packed = (unsigned char *)a[5];
-    return compress(&c, server_part, (size_t)a[6]);
+    return compress(&c, current->loops->server, (size_t)a[6]);
 }
 
 /* pack_signs_f32(src, n, dst, threads): n floats (a multiple of 8) -> n / 8 sign bytes. */
-static void pack_signs_part(void *context, size_t start, size_t stop, size_t part)
-{
-    const Compression *c = (const Compression *)context;
-    size_t i;
-    for (i = start; i < stop; i += 8)
-        c->packed[i / 8] = sign_byte(c->x + i);
-}
-
 static PyObject *pack_signs_f32(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     uintptr_t a[4];
@@ -434,37 +389,9 @@ static PyObject *pack_signs_f32(PyObject *module, PyObject *const *args, Py_ssiz
     c.n = (size_t)a[1];
     c.packed = (unsigned char *)a[2];
     Py_BEGIN_ALLOW_THREADS
-    parallel_for(c.n, BLOCK, (size_t)a[3], pack_signs_part, &c);
+    parallel_for(c.n, BLOCK, (size_t)a[3], current->loops->pack_signs, &c);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
-}
-
-typedef struct {
-    const unsigned char *packed;
-    size_t columns;
-    const float *scales;
-    float *out;
-} Expansion;
-
-/* out[j] = sign j of the packed bits times the scale of j's row (columns elements a row). */
-static void expand_part(void *context, size_t start, size_t stop, size_t part)
-{
-    const Expansion *e = (const Expansion *)context;
-    const unsigned char *restrict packed = e->packed;
-    float *restrict out = e->out;
-    size_t j = start;
-    while (j < stop) {
-        const size_t row = j / e->columns, row_stop = (row + 1) * e->columns;
-        const size_t end = row_stop < stop ? row_stop : stop;
-        const float scale = e->scales[row];
-        for (; j + 8 <= end; j += 8) {
-            const float *signs = sign_table[packed[j / 8]];
-            store4(out + j, load4(signs) * scale);
-            store4(out + j + 4, load4(signs + 4) * scale);
-        }
-        for (; j < end; j++)
-            out[j] = sign_table[packed[j / 8]][j % 8] * scale;
-    }
 }
 
 /* expand_signs_f32(packed, columns, scales, out, count, threads): the first count signs of
@@ -484,9 +411,59 @@ static PyObject *expand_signs_f32(PyObject *module, PyObject *const *args, Py_ss
         return NULL;
     }
     Py_BEGIN_ALLOW_THREADS
-    parallel_for((size_t)a[4], 64, (size_t)a[5], expand_part, &e);
+    parallel_for((size_t)a[4], 64, (size_t)a[5], current->loops->expand, &e);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
+}
+
+/* ---- choosing the variant ---------------------------------------------------------------- */
+
+/* variants() -> ((name, needs, runs here), ...), widest first. */
+static PyObject *list_variants(PyObject *module, PyObject *unused)
+{
+    PyObject *out = PyTuple_New(VARIANT_COUNT);
+    size_t v;
+    if (out == NULL)
+        return NULL;
+    for (v = 0; v < VARIANT_COUNT; v++) {
+        PyObject *row = Py_BuildValue("(ssO)", variants[v].name, variants[v].needs,
+                                      variants[v].runs_here() ? Py_True : Py_False);
+        if (row == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(out, v, row);
+    }
+    return out;
+}
+
+/* variant() -> the name of the variant the entry points run. */
+static PyObject *variant(PyObject *module, PyObject *unused)
+{
+    return PyUnicode_FromString(current->name);
+}
+
+/* use_variant(name): run that variant from now on; ValueError where there is no such variant
+ * or this CPU cannot run it. */
+static PyObject *use_variant(PyObject *module, PyObject *name)
+{
+    const char *wanted = PyUnicode_AsUTF8(name);
+    size_t v;
+    if (wanted == NULL)
+        return NULL;
+    for (v = 0; v < VARIANT_COUNT; v++) {
+        if (strcmp(variants[v].name, wanted) != 0)
+            continue;
+        if (!variants[v].runs_here()) {
+            PyErr_Format(PyExc_ValueError, "this CPU cannot run the %s host kernels (they need %s)",
+                         wanted, variants[v].needs);
+            return NULL;
+        }
+        current = &variants[v];
+        Py_RETURN_NONE;
+    }
+    PyErr_Format(PyExc_ValueError, "no host-kernel variant named '%s' in this build", wanted);
+    return NULL;
 }
 
 /* advise_huge(address, nbytes): ask for transparent huge pages on a fresh buffer before its
@@ -521,6 +498,9 @@ static PyMethodDef native_methods[] = {
     FASTCALL(expand_signs_f32,
              "expand_signs_f32(packed, columns, scales, out, count, threads): packed signs times row scales"),
     FASTCALL(advise_huge, "advise_huge(address, nbytes): transparent huge pages for a fresh buffer"),
+    {"variants", list_variants, METH_NOARGS, "variants() -> ((name, CPU features, runs here), ...), widest first"},
+    {"variant", variant, METH_NOARGS, "variant() -> the name of the variant in use"},
+    {"use_variant", use_variant, METH_O, "use_variant(name): run that variant from now on"},
     {NULL}
 };
 
@@ -535,5 +515,9 @@ static struct PyModuleDef native_module = {
 PyMODINIT_FUNC PyInit__native(void)
 {
     build_tables();
+#if defined(__x86_64__) || defined(_M_X64)
+    __builtin_cpu_init();
+#endif
+    current = widest_running_here();
     return PyModule_Create(&native_module);
 }

@@ -5,13 +5,19 @@ CPU tensors only; everything else takes the portable torch versions in bits.py, 
 the same bits. The pure_python setting (``--pure-python``, ``CUDASHIM_PURE_PYTHON=1``) turns
 them off too: an activation hands its setting here; used without one, the kernels read it
 from the environment, the one place below the activation that does.
+
+Each loop is compiled once per instruction set (AVX-512, AVX2 and SSE2 on x86-64; NEON on
+arm64). At first use the widest variant this CPU runs that agrees with the portable versions
+on a probe is chosen, once; a variant that disagrees is logged and passed over.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import math
 import sys
-from typing import Optional
+from typing import List, NamedTuple, Optional
 
 import torch
 
@@ -22,6 +28,24 @@ try:
 except ImportError:                      # built without a compiler
     _native = None
 
+log = logging.getLogger(__name__)
+
+
+class Variant(NamedTuple):
+    name: str
+    needs: str                 # the CPU features it uses, as /proc/cpuinfo names them
+    runs_here: bool
+
+
+def variants() -> List[Variant]:
+    """The instruction-set variants of this build, widest first."""
+    return [Variant(*row) for row in _native.variants()] if _native is not None else []
+
+
+# None: not chosen yet; else the chosen variant's name, or why none could be.
+_choice: Optional[str] = None
+_choice_failed = False
+
 
 def unavailable() -> Optional[str]:
     """None where the compiled kernels can run, else why not."""
@@ -29,7 +53,75 @@ def unavailable() -> Optional[str]:
         return "the compiled kernels were not built (no C compiler at install time)"
     if sys.byteorder != "little":
         return "the compiled kernels read words little-endian; this host is big-endian"
+    if _choice is None:
+        _choose_variant()
+    return _choice if _choice_failed else None
+
+
+def variant() -> Optional[str]:
+    """The name of the variant the kernels run (chosen at first use); None where none runs."""
+    if unavailable() is not None:
+        return None
+    return _native.variant()
+
+
+def _choose_variant() -> None:
+    global _choice, _choice_failed
+    for candidate in variants():
+        if not candidate.runs_here:
+            continue
+        _native.use_variant(candidate.name)
+        disagreement = _disagreement_with_portable()
+        if disagreement is None:
+            log.debug("cudashim.kernels: the %s host kernels run", candidate.name)
+            _choice, _choice_failed = candidate.name, False
+            return
+        log.warning("cudashim.kernels: the %s host kernels are not used: %s disagrees with the "
+                    "portable version on a probe input", candidate.name, disagreement)
+    _choice, _choice_failed = "no variant of the compiled kernels agrees with the portable versions", True
+
+
+def _disagreement_with_portable() -> Optional[str]:
+    """The first kernel of the variant in use whose result differs from the portable
+    version's on a small probe (long enough for every vector loop), else None."""
+    flags = torch.arange(8 * 300 + 5) % 3 == 0
+    packed = (torch.arange(300) * 37 % 256).to(torch.uint8)
+    floats = torch.linspace(-2, 2, 8 * 300)
+    floats[::7] = 0.0
+    floats[1::11] = -0.0
+    floats[2::13] = float("nan")
+    for bitorder in ("big", "little"):
+        if not torch.equal(packbits(flags, bitorder), bits.packbits(flags, bitorder)):
+            return f"packbits ({bitorder})"
+        if not torch.equal(unpackbits(packed, None, bitorder), bits.unpackbits(packed, None, bitorder)):
+            return f"unpackbits ({bitorder})"
+    if not torch.equal(pack_signs(floats), bits.pack_signs(floats)):
+        return "pack_signs"
+    if not torch.equal(unpack_signs(packed), bits.unpack_signs(packed)):
+        return "unpack_signs"
+    finite = torch.nan_to_num(floats)
+    error, buffer = finite.clone(), torch.linspace(1, 2, 100)
+    scale, signs = compress_compensated(buffer, error)
+    expected = finite.clone()
+    expected[:100] += buffer
+    if not torch.equal(signs, bits.pack_signs(expected)) or not math.isclose(
+            scale.item(), expected.norm().item() / math.sqrt(expected.numel()), rel_tol=1e-5):
+        return "the compression"
     return None
+
+
+@contextlib.contextmanager
+def using_variant(name: str):
+    """Run the named variant inside (tests and benchmarks compare them); ValueError where this
+    build has no such variant or this CPU cannot run it."""
+    if unavailable() is not None:
+        raise RuntimeError(f"the compiled kernels do not run here: {unavailable()}")
+    saved = _native.variant()
+    _native.use_variant(name)
+    try:
+        yield
+    finally:
+        _native.use_variant(saved)
 
 
 # Whether the portable kernels run even where the compiled ones can: handed by an activation
