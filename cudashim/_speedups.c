@@ -12,10 +12,11 @@
  *   IsCuda          the Tensor.is_cuda property (patches/tensors.py)
  *   DefaultDevice   Tensor.cuda(): a device argument that defaults to "cuda"
  *   NamedDevice     torch.device("cuda") through the class stand-in's __call__
+ *   DtypeGate       a function with a filled kernel gap, called outside the gap
  *
- * The types live in two files: _speedups_callers.c (who asks: CallerCache, TruthSwitch,
- * IsCuda) and _speedups_devices.c (device arguments: Rewriter, DefaultDevice, NamedDevice).
- * This one holds what they share and the module.
+ * The types live in three files: _speedups_callers.c (who asks: CallerCache, TruthSwitch,
+ * IsCuda), _speedups_devices.c (device arguments: Rewriter, DefaultDevice, NamedDevice) and
+ * _speedups_gaps.c (DtypeGate). This one holds what they share and the module.
  */
 
 #include "_speedups.h"
@@ -96,7 +97,7 @@ static int matches_the_table(PyTypeObject **types, size_t count)
 PyMODINIT_FUNC PyInit__speedups(void)
 {
     PyTypeObject *types[] = {&CallerCacheType, &RewriterType, &TruthSwitchType, &IsCudaType,
-                             &DefaultDeviceType, &NamedDeviceType};
+                             &DefaultDeviceType, &NamedDeviceType, &DtypeGateType};
     size_t count = sizeof(types) / sizeof(types[0]), i;
     PyObject *module;
     if (!matches_the_table(types, count))

@@ -18,6 +18,8 @@
 extern PyTypeObject CallerCacheType, TruthSwitchType, IsCudaType;
 /* _speedups_devices.c: device arguments */
 extern PyTypeObject RewriterType, DefaultDeviceType, NamedDeviceType;
+/* _speedups_gaps.c: filled kernel gaps */
+extern PyTypeObject DtypeGateType;
 
 /* _speedups.c */
 PyObject *bind_as_method(PyObject *self, PyObject *obj, PyObject *type);

@@ -237,3 +237,59 @@ def test_bitsandbytes_says_at_import_what_has_no_kernel_on_the_target():
         kernel_gaps._say_bitsandbytes_gaps(accelerator, bitsandbytes)
     said = [str(w.message) for w in caught]
     assert len(said) == 1 and "optimizer_update_8bit_blockwise" in said[0] and accelerator in said[0]
+
+
+def test_where_the_fast_path_runs_a_filled_function_is_its_compiled_gate_and_agrees_with_python():
+    """The gate sends calls in the gap to the fill's widening and every other call straight to
+    the op; it carries the fill as its twin, and both give the same results on each call shape,
+    before the first call in the gap (told by the op's refusal) and after it (by dtype)."""
+    import cudashim as shim
+    from cudashim import speedups
+    if speedups.chosen(shim._settings.load()) is None:
+        pytest.skip("the compiled fast path does not run here")
+    shim.activate("cpu")
+    gate = torch.abs
+    assert type(gate).__name__ == "DtypeGate" and gate.__name__ == "abs"
+    assert gate.cudashim_gap_dtypes == gate.python_twin.cudashim_gap_dtypes
+    original = shim.get_original(torch, "abs")
+    flags, x = torch.tensor([True, False]), torch.tensor([-1.5, 2.0])
+    assert torch.equal(gate(x), original(x)) and not gate.gap_seen
+    calls = [((flags,), {}), ((), {"input": flags}), ((x,), {}), ((), {"input": x}),
+             ((x,), {"out": torch.empty(2)}), ((flags,), {"out": torch.empty(2, dtype=torch.bool)})]
+    for args, kwargs in calls:
+        got, twin = gate(*args, **kwargs), gate.python_twin(*args, **kwargs)
+        assert torch.equal(got, twin) and got.dtype == twin.dtype, (args, kwargs)
+    assert gate.gap_seen
+    assert torch.equal(gate(x), original(x))
+    assert flags.abs().dtype == torch.bool and torch.equal(x.abs(), original(x))
+    compiled = torch.compile(lambda m, v: torch.abs(m).sum() + torch.abs(v).sum(), backend="eager")
+    assert compiled(flags, x).item() == 4.5
+
+
+@pytest.mark.parametrize("pure_python", [False, True])
+def test_an_error_outside_the_gap_is_the_ops_own(pure_python):
+    """A refused call with nothing in the gap raises what the op raised, unchanged, before and
+    after the function was called in its gap."""
+    import cudashim as shim
+    shim.activate("cpu", pure_python=pure_python)
+    original = shim.get_original(torch, "histc")
+    for first in (True, False):
+        with pytest.raises(RuntimeError) as ours:
+            torch.histc(torch.randn(4), bins=-1)
+        with pytest.raises(RuntimeError) as theirs:
+            original(torch.randn(4), bins=-1)
+        assert str(ours.value) == str(theirs.value)
+        if first:
+            counts = torch.histc(torch.tensor([1, 2, 2, 3]), bins=3, min=1, max=3)   # into the gap
+            assert counts.tolist() == [1, 2, 1] and counts.dtype == torch.int64
+    with pytest.raises(TypeError):
+        torch.abs("not a tensor")
+
+
+def test_the_pure_python_setting_fills_gaps_with_python_functions():
+    import types
+
+    import cudashim as shim
+    shim.activate("cpu", pure_python=True)
+    assert isinstance(torch.abs, types.FunctionType)
+    assert torch.equal(torch.abs(torch.tensor([True, False])), torch.tensor([True, False]))

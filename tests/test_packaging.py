@@ -53,6 +53,8 @@ def test_python_m_build_makes_an_sdist_and_a_wheel_with_the_compiled_parts(tmp_p
     names = tarfile.open(sdist).getnames()
     assert any(n.endswith("cudashim/_speedups.c") for n in names)
     assert any(n.endswith("cudashim/kernels/_native.c") for n in names)
+    assert any(n.endswith("cudashim/kernels/_native_loops.h") for n in names)
+    assert any(n.endswith("cudashim/_speedups_gaps.c") for n in names)
     wheel, = (tmp_path / "dist").glob("cudashim-*.whl")
     assert len(_compiled_parts(wheel)) == 2, _compiled_parts(wheel)
     assert "cudashim/testdevice/device.cpp" in zipfile.ZipFile(wheel).namelist()   # built where used

@@ -23,6 +23,7 @@ import torch
 
 from ..kernels import cuda_only_ops
 from ..kernels.gap_fill import filled
+from ..patching.rewriter import compiled_twin
 from ..patching.when_imported import WhenImported
 from ..tables.dtype_gaps import GAPS
 
@@ -118,12 +119,22 @@ WHEN_IMPORTED = (WhenImported("bitsandbytes", lambda activation, module: _say_bi
 
 
 def _fill_dtype_gaps(activation):
+    def fill(original, dtypes, inplace_of=None):
+        python = filled(original, dtypes, inplace_of)
+        if activation.compiled is None:
+            return python
+        # Calls outside the gap, nearly all of them, skip the Python frame.
+        gate = activation.compiled.DtypeGate(original, python.widened, tuple(dtypes), torch._C.TensorBase)
+        gate = compiled_twin(gate, python)
+        gate.cudashim_gap_dtypes = python.cudashim_gap_dtypes
+        return gate
+
     for owner, attribute, dtypes, methods in gaps():
-        activation.replace(owner, attribute, lambda original, d=dtypes: filled(original, d))
+        activation.replace(owner, attribute, lambda original, d=dtypes: fill(original, d))
         for method in methods:
             inplace_of = getattr(torch.Tensor, method[:-1]) if method.endswith("_") else None
             activation.replace(torch.Tensor, method,
-                               lambda original, d=dtypes, o=inplace_of: filled(original, d, o))
+                               lambda original, d=dtypes, o=inplace_of: fill(original, d, o))
 
 
 def _register_portable_kernels(activation, device_type, names):

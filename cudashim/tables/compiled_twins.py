@@ -18,4 +18,5 @@ TWINS: Dict[str, Tuple[str, str]] = {          # type -> (its Python twin, what 
     "DefaultDevice": ("cudashim.patches.tensors:install", "Tensor.cuda(), its device defaulting to 'cuda'"),
     "NamedDevice": ("cudashim.patches.device_objects:install",
                     "torch.device('cuda') through the class stand-in"),
+    "DtypeGate": ("cudashim.kernels.gap_fill:filled", "a function with a filled kernel gap"),
 }
