@@ -12,7 +12,13 @@ literally defeats them. So, by default (``amp_dtype="auto"``):
   made there in float32, where autocast would have cast them); a bfloat16 request never
   becomes float16, whose range is narrower;
 - tensors the program made float16 stay float16, and the matmul family computes them in
-  float32 and rounds once (``patches/precision.py``);
+  what the host computes fastest for the call's shape class (``patches/precision.py``):
+  as asked, in bfloat16, or in float32, each rounded back to float16 once. Memory-bound calls
+  (a few rows a matrix: decoding a batch of 1-4) read their weights more than they compute,
+  so float16's half-size weights can beat float32 even where float16 arithmetic is emulated;
+  compute-bound ones (training, prefill) run at the arithmetic's speed. The host measures
+  both classes once (``MatmulChoices``), when a float16 matmul or a CUDA autocast region
+  first needs them;
 - the TF32 flags turn on the target's reduced-precision float32 matmul where it has one
   (oneDNN's bfloat16 precision on CPUs that compute bfloat16 fast).
 
@@ -22,10 +28,46 @@ literally defeats them. So, by default (``amp_dtype="auto"``):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import torch
+
+AS_ASKED, BFLOAT16, FLOAT32 = "as-asked", "bfloat16", "float32"
+# What each choice computes a float16 request in; None: autocast off (float32).
+_AUTOCAST_DTYPE = {AS_ASKED: torch.float16, BFLOAT16: torch.bfloat16, FLOAT32: None}
+# What each choice costs in precision, against CUDA's float16 (README, "Precision").
+PRECISION_COST = {
+    AS_ASKED: "float16 as CUDA computes it (float32 accumulation, one rounding)",
+    BFLOAT16: "inputs rounded to bfloat16's 8-bit significand (3 bits fewer than float16's 11; "
+              "relative error up to 2^-9 per element), float32 accumulation, one rounding to float16",
+    FLOAT32: "inputs exact in float32, float32 arithmetic, one rounding to float16: "
+             "at least as close as CUDA's",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class MatmulChoices:
+    """What a float16 matmul computes in, per shape class, on this target."""
+    memory_bound: str                   # AS_ASKED, BFLOAT16 or FLOAT32
+    compute_bound: str
+    memory_bound_rows: int              # a product of at most this many rows a matrix is memory-bound
+    how_known: str
+    timings: Dict[str, Dict[str, float]] = dataclasses.field(default_factory=dict, compare=False)
+
+    def for_rows(self, rows: Optional[int]) -> str:
+        """The choice for a product with ``rows`` rows a matrix (None: not known, compute-bound)."""
+        if rows is not None and rows <= self.memory_bound_rows:
+            return self.memory_bound
+        return self.compute_bound
+
+    @classmethod
+    def from_dtype_speeds(cls, fast: Dict[torch.dtype, bool], how_known: str) -> "MatmulChoices":
+        """Where nothing is measured: one choice for both classes, from the dtypes' speeds."""
+        choice = AS_ASKED if fast.get(torch.float16, True) else \
+            BFLOAT16 if fast.get(torch.bfloat16, False) else FLOAT32
+        return cls(choice, choice, 0, how_known)
 
 
 class Float32Regions(threading.local):
@@ -43,27 +85,50 @@ class PrecisionPolicy:
     how_known: str
     float32_regions: Float32Regions = dataclasses.field(default_factory=Float32Regions, compare=False,
                                                         repr=False)
+    # Measures (or looks up) the float16 matmul choices; asked once, when first needed.
+    measure_matmuls: Optional[Callable[[], MatmulChoices]] = dataclasses.field(default=None, compare=False,
+                                                                             repr=False)
 
     @classmethod
     def of(cls, backend, settings) -> "PrecisionPolicy":
         fast, how_known = backend.dtype_speeds()
-        return cls(settings.amp_dtype, settings.tf32, backend.device_type, dict(fast), how_known)
+        return cls(settings.amp_dtype, settings.tf32, backend.device_type, dict(fast), how_known,
+                   measure_matmuls=backend.float16_matmul_choices)
+
+    @functools.cached_property
+    def float16_matmuls(self) -> MatmulChoices:
+        """What explicit float16 matmuls compute in, by shape class. The auto setting measures
+        where float16 is slow; "bfloat16" computes them in float32, as it always did."""
+        if self.amp_dtype == "auto" and not self.fast.get(torch.float16, True):
+            if self.measure_matmuls is None:
+                return MatmulChoices.from_dtype_speeds(self.fast, self.how_known)
+            return self.measure_matmuls()
+        if self.widens_float16:
+            return MatmulChoices(FLOAT32, FLOAT32, 0, f"--amp-dtype {self.amp_dtype}")
+        return MatmulChoices(AS_ASKED, AS_ASKED, 0, self.how_known)
 
     def autocast_dtype(self, asked: torch.dtype) -> Optional[torch.dtype]:
-        """The dtype a CUDA autocast region asked for ``asked`` runs in; None: float32."""
+        """The dtype a CUDA autocast region asked for ``asked`` runs in; None: float32.
+
+        A slow float16 region runs in the compute-bound choice of the matmul family: autocast
+        casts the weights at each call, so a region's matmuls read float32 weights whatever
+        they compute in, and the memory-bound gain of float16 weights is not to be had."""
         if self.amp_dtype == "as-asked":
             return asked
         if self.amp_dtype != "auto":
             return getattr(torch, self.amp_dtype)
         if self.fast.get(asked, True):
             return asked
-        if asked == torch.float16 and self.fast.get(torch.bfloat16, False):
-            return torch.bfloat16
+        if asked == torch.float16:
+            measured = _AUTOCAST_DTYPE[self.float16_matmuls.compute_bound]
+            if measured is not torch.bfloat16 or self.fast.get(torch.bfloat16, False):
+                return measured
         return None
 
     @property
     def widens_float16(self) -> bool:
-        """Whether float16 matmuls compute in float32 (float16 is slow, and not asked for)."""
+        """Whether float16 matmuls are computed by the policy (float16 is slow, and not asked
+        for): the matmul family is patched, and each call computes in its shape class's choice."""
         return self.amp_dtype in ("auto", "bfloat16") and not self.fast.get(torch.float16, True)
 
     @property
@@ -86,11 +151,30 @@ class PrecisionPolicy:
                  f"({self.how_known})",
                  f"CUDA autocast: float16 runs in {name(self.autocast_dtype(torch.float16))}, "
                  f"bfloat16 in {name(self.autocast_dtype(torch.bfloat16))} "
-                 f"(--amp-dtype {self.amp_dtype})",
-                 "explicit float16 matmuls: " + ("computed in float32, rounded once"
-                                                 if self.widens_float16 else "as they are")]
+                 f"(--amp-dtype {self.amp_dtype}; also autocast on '{self.device_type}' itself)"]
+        lines += self.matmul_table()
         mapped = self.float32_matmul_precision
         lines.append("TF32 flags: " + (f"oneDNN {mapped} precision for float32 matmuls" if mapped
                                        else "no reduced-precision float32 matmul on this target"
                                        if self.tf32 == "auto" else "ignored (--tf32 ignore)"))
         return lines
+
+    def matmul_table(self) -> List[str]:
+        """The float16 matmul choices, one line per shape class, with what they were chosen from."""
+        if not self.widens_float16:
+            return ["explicit float16 matmuls: as they are"]
+        choices = self.float16_matmuls
+        described = {AS_ASKED: "in float16, as asked", BFLOAT16: "in bfloat16, rounded to float16 once",
+                     FLOAT32: "in float32, rounded to float16 once"}
+
+        def measured(shape_class):
+            times = choices.timings.get(shape_class)
+            if not times:
+                return ""
+            rows = times.get("rows")
+            return " [" + ", ".join(f"{choice} {ms:.3g} ms" for choice, ms in times.items()
+                                    if choice != "rows") + f" at {rows} rows]"
+        return [f"explicit float16 matmuls ({choices.how_known}):",
+                f"  memory-bound (at most {choices.memory_bound_rows} rows a matrix): "
+                f"{described[choices.memory_bound]}{measured('memory-bound')}",
+                f"  compute-bound: {described[choices.compute_bound]}{measured('compute-bound')}"]

@@ -33,6 +33,29 @@ def test_the_policy_picks_the_dtype_an_autocast_region_runs_in(fast, setting, as
     assert _policy(fast, setting).autocast_dtype(asked) == expected
 
 
+def test_a_slow_float16_region_runs_in_the_compute_bound_choice_of_the_matmul_family():
+    """Measured: where the host's training-sized float16 matmuls are fastest in bfloat16, a
+    float16 region runs in bfloat16; where in float32, autocast is off; a bfloat16 choice is
+    never taken where bfloat16 is slow."""
+    from cudashim.precision import BFLOAT16, FLOAT32, AS_ASKED, MatmulChoices, PrecisionPolicy
+
+    def region(fast, memory, compute):
+        choices = MatmulChoices(memory, compute, 4, "test")
+        return PrecisionPolicy("auto", "auto", "cpu", fast, "test",
+                               measure_matmuls=lambda: choices).autocast_dtype(HALF)
+    assert region(FAST_BF16, AS_ASKED, BFLOAT16) == BF16
+    assert region(FAST_BF16, AS_ASKED, FLOAT32) is None
+    assert region(SLOW_BOTH, AS_ASKED, FLOAT32) is None
+    assert region(SLOW_BOTH, BFLOAT16, BFLOAT16) is None       # measured, but bfloat16 is slow
+    assert region(SLOW_BOTH, FLOAT32, AS_ASKED) == HALF
+
+
+@pytest.mark.parametrize("rows, expected", [(1, 4), (4, 4), (5, 1000), (None, 1000)])
+def test_the_shape_class_of_a_product_is_told_by_its_rows(rows, expected):
+    from cudashim.precision import MatmulChoices
+    assert MatmulChoices(4, 1000, 4, "test").for_rows(rows) == expected
+
+
 def test_the_policy_widens_float16_only_where_it_is_slow_and_not_asked_for():
     assert _policy(SLOW_BOTH).widens_float16 and _policy(FAST_BF16, "bfloat16").widens_float16
     assert not _policy(FAST_BOTH).widens_float16
@@ -78,8 +101,13 @@ def speeds(monkeypatch):
     import cudashim
     from cudashim.backends import cpu_speed
 
-    def activate(fast, **options):
+    def activate(fast, matmuls=None, **options):
+        """``matmuls``: the float16 matmul choices the host would measure (default: one
+        choice for both shape classes, from ``fast``)."""
+        from cudashim.precision import MatmulChoices
+        chosen = matmuls or MatmulChoices.from_dtype_speeds(fast, "test")
         monkeypatch.setattr(cpu_speed, "speeds", lambda: (fast, "test"))
+        monkeypatch.setattr(cpu_speed, "matmul_choices", lambda: chosen)
         cudashim.activate("cpu", **options)
         return cudashim
     yield activate
@@ -100,6 +128,22 @@ def test_cuda_autocast_runs_in_the_policy_dtype(speeds, fast, options, expected)
         with region:
             assert (a @ a).dtype == expected
             assert torch.is_autocast_enabled("cuda") == (expected != torch.float32)
+
+
+@pytest.mark.parametrize("fast, expected", [(FAST_BF16, BF16), (SLOW_BOTH, torch.float32),
+                                             (FAST_BOTH, HALF)])
+def test_autocast_on_the_targets_own_device_type_gets_the_cuda_policy(speeds, fast, expected):
+    """timm derives autocast's device type from its tensors: under the shim that names the
+    target, and the region gets the policy a "cuda" one gets; its default dtype is the
+    target's own (bfloat16 on the CPU)."""
+    speeds(fast)
+    a = torch.randn(4, 4, device="cuda")
+    with torch.autocast(device_type=a.device.type, dtype=torch.float16):
+        assert (a @ a).dtype == expected
+    with torch.autocast("cuda", dtype=torch.float16):
+        assert (a @ a).dtype == expected
+    with torch.autocast(a.device.type):
+        assert (a @ a).dtype == (BF16 if fast[BF16] else torch.float32)
 
 
 @pytest.mark.parametrize("fast, runs_in, warned", [(SLOW_BOTH, torch.float32, False),
@@ -186,6 +230,47 @@ def test_explicit_float16_stays_float16_and_is_at_least_as_close_as_the_native_k
         error = (ours.double() - reference[name]).abs().max()
         native_error = (native[name].double() - reference[name]).abs().max()
         assert error <= native_error, (name, error, native_error)
+
+
+def _counted(name):
+    import cudashim.activation as activation
+    return activation.current_activation().report.entries[name]["became"]
+
+
+def test_explicit_float16_computes_in_each_shape_classs_choice(speeds):
+    """Decoding-sized products (a few rows a matrix) run as asked where the host measured
+    float16 fastest there; training-sized ones in float32; each result float16, and each
+    equal to what its choice computes."""
+    from cudashim.precision import AS_ASKED, FLOAT32, MatmulChoices
+    import cudashim
+    torch.manual_seed(0)
+    weight = torch.nn.Parameter(torch.randn(64, 32).half(), requires_grad=False)
+    small, large = torch.randn(2, 32).half(), torch.randn(64, 32).half()
+    keys = torch.randn(6, 9, 32).half()                          # attention: per-matrix rows
+    query = torch.randn(6, 1, 32).half()
+    expected = {"small": F.linear(small, weight), "large": torch.mm(large.float(), weight.float().t()).half(),
+                "scores": torch.matmul(query, keys.transpose(1, 2))}
+    speeds(SLOW_BOTH, matmuls=MatmulChoices(AS_ASKED, FLOAT32, 4, "test"), report=True)
+    got = F.linear(small, weight)
+    assert got.dtype == HALF and torch.equal(got, expected["small"])
+    assert _counted("torch.nn.functional.linear") == "float16 as asked (memory-bound)"
+    got = torch.mm(large, weight.t())
+    assert got.dtype == HALF and torch.equal(got, expected["large"])
+    assert _counted("torch.mm") == "float16 computed in float32"
+    assert torch.equal(torch.matmul(query, keys.transpose(1, 2)), expected["scores"])
+    assert _counted("torch.matmul") == "float16 as asked (memory-bound)"
+    assert cudashim.activation.current_activation().precision.float16_matmuls.memory_bound == AS_ASKED
+
+
+def test_explicit_float16_in_bfloat16_keeps_a_bfloat16_copy_of_inference_weights(speeds):
+    from cudashim.precision import BFLOAT16, MatmulChoices
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(32, 64).half().requires_grad_(False)
+    x = torch.randn(3, 32).half()
+    reference = F.linear(x.bfloat16(), layer.weight.bfloat16(), layer.bias.bfloat16()).half()
+    speeds(FAST_BF16, matmuls=MatmulChoices(BFLOAT16, BFLOAT16, 4, "test"), report=True)
+    assert torch.equal(layer(x), reference) and layer(x).dtype == HALF
+    assert _counted("torch.nn.functional.linear") == "float16 computed in bfloat16"
 
 
 def test_other_dtypes_go_straight_to_torch(speeds):
@@ -315,8 +400,32 @@ def test_doctor_says_how_fast_each_dtype_is_and_what_requests_become():
     fast, _ = cpu_speed.speeds()
     speed = {True: "fast", False: "slow (emulated)"}
     assert f"float16: {speed[fast[HALF]]}, bfloat16: {speed[fast[BF16]]}" in result.stdout
-    assert "CUDA autocast: float16 runs in float16, bfloat16 in bfloat16 (--amp-dtype as-asked)" \
-        in result.stdout
+    assert "CUDA autocast: float16 runs in float16, bfloat16 in bfloat16 (--amp-dtype as-asked; " \
+        "also autocast on 'cpu' itself)" in result.stdout
+    assert "explicit float16 matmuls: as they are" in result.stdout
+
+
+def test_doctor_shows_the_float16_matmul_table_it_measured(tmp_path):
+    """Measured once into the user's cache, then read: the table names each shape class's
+    choice and the timings it was chosen from."""
+    from cudashim.backends import cpu_speed
+    if cpu_speed.speeds()[0][HALF]:
+        pytest.skip("float16 is fast on this CPU: nothing is measured")
+    doctor = [python("-c", "from cudashim.cli import main; main()", "doctor",
+                     env={"XDG_CACHE_HOME": str(tmp_path)}) for _ in range(2)]
+    assert all(result.returncode == 0 for result in doctor), doctor[0].stdout + doctor[0].stderr
+    cached = json.loads((tmp_path / "cudashim" / "float16-matmuls.json").read_text())
+    (key, table), = cached.items()
+    assert "threads, torch " in key
+    lines = doctor[1].stdout
+    assert "explicit float16 matmuls (measured on this CPU" in lines and str(tmp_path) in lines
+    described = {"as-asked": "in float16, as asked", "bfloat16": "in bfloat16, rounded to float16 once",
+                 "float32": "in float32, rounded to float16 once"}
+    assert f"memory-bound (at most {table['memory_bound_rows']} rows a matrix): " \
+           f"{described[table['memory_bound']]}" in lines
+    assert f"compute-bound: {described[table['compute_bound']]}" in lines
+    timings = table["timings"]["compute-bound"]
+    assert min(timings[c] for c in ("as-asked", "bfloat16", "float32")) * 1.05 >= timings[table["compute_bound"]]
 
 
 def test_kept_float32_copies_stay_within_their_budget():

@@ -291,6 +291,12 @@ class Backend:
         return ({torch.float16: True, torch.bfloat16: fast_bfloat16},
                 f"accelerators compute reduced precision natively (torch.{self.device_type})")
 
+    def float16_matmul_choices(self):
+        """What explicit float16 matmuls compute in, per shape class (precision.MatmulChoices).
+        Accelerators: one choice from the dtypes' speeds. Asked when first needed."""
+        from ..precision import MatmulChoices
+        return MatmulChoices.from_dtype_speeds(*self.dtype_speeds())
+
     def sdpa_backends(self) -> frozenset:
         """The scaled-dot-product-attention kernels the target really has."""
         from torch.nn.attention import SDPBackend

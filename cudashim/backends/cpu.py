@@ -179,6 +179,10 @@ class CPUBackend(HostStreams, Backend):
         from . import cpu_speed
         return cpu_speed.speeds()
 
+    def float16_matmul_choices(self):
+        from . import cpu_speed
+        return cpu_speed.matmul_choices()
+
     def sdpa_backends(self) -> frozenset:
         from torch.nn.attention import SDPBackend
         return frozenset({SDPBackend.MATH, SDPBackend.FLASH_ATTENTION})

@@ -7,6 +7,11 @@ torch's own kernels convert element by element, tens of times slower than float3
 calibration decides: one small matmul per dtype against float32. It runs once per machine
 and torch version, when a policy first asks (never at import), and is cached where the user's
 caches live (``$XDG_CACHE_HOME/cudashim``, else ``~/.cache/cudashim``).
+
+Where float16 is slow, what explicit float16 matmuls compute in is measured too
+(``matmul_choices``): each shape class timed in float16 as asked, in bfloat16 and in float32
+(weights converted once, as the policy keeps them), once per CPU, thread count and torch
+version, cached beside the speeds.
 """
 
 from __future__ import annotations
@@ -52,31 +57,134 @@ def _cpu_flags() -> str:
         return ""
 
 
-def cache_file() -> Path:
+def cache_file(name: str = "cpu-dtype-speed.json") -> Path:
     root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(root, "cudashim", "cpu-dtype-speed.json")
+    return Path(root, "cudashim", name)
 
 
-def _calibrated() -> Tuple[Dict[torch.dtype, bool], str]:
-    key = f"{platform.machine()} {platform.processor()} {os.cpu_count()} cpus, torch {torch.__version__}"
-    path = cache_file()
+def _cached(path: Path, key: str, measure):
+    """``measure()``'s answer for ``key``, read from ``path`` where a process measured it
+    before, else measured and written there (atomically: no reader sees half a file)."""
     try:
         cached = json.loads(path.read_text()).get(key)
     except (OSError, ValueError):
         cached = None
     if cached is None:
-        cached = _measure()
+        cached = measure()
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            table = json.loads(path.read_text()) if path.exists() else {}
+            try:
+                table = json.loads(path.read_text())
+            except (OSError, ValueError):
+                table = {}
             table[key] = cached
             temporary = path.with_suffix(f".{os.getpid()}.tmp")
             temporary.write_text(json.dumps(table, indent=1))
-            temporary.replace(path)                   # atomic: no reader sees half a file
-        except (OSError, ValueError) as exc:
-            log.debug("cudashim: the dtype calibration is not cached (%s)", exc)
+            temporary.replace(path)
+        except OSError as exc:
+            log.debug("cudashim: %s is not cached (%s)", key, exc)
+    return cached
+
+
+def _calibrated() -> Tuple[Dict[torch.dtype, bool], str]:
+    key = f"{platform.machine()} {platform.processor()} {os.cpu_count()} cpus, torch {torch.__version__}"
+    path = cache_file()
+    cached = _cached(path, key, _measure)
     return ({torch.float16: cached["float16"], torch.bfloat16: cached["bfloat16"]},
             f"calibrated on this machine (cached in {path})")
+
+
+# --- explicit float16 matmuls ------------------------------------------------------------
+_WIDTH = 1024                    # a weight of 1024 x 1024: larger than the caches closest to a core
+_MEMORY_BOUND_ROWS = 2           # decoding: batches of 1-4
+_COMPUTE_BOUND_ROWS = 256        # training and prefill
+_PREFER_WITHIN = 1.05            # a more precise choice this close to the fastest is kept
+
+
+@functools.lru_cache(maxsize=None)
+def matmul_choices():
+    """What explicit float16 matmuls compute in on this CPU, by shape class (measured once per
+    CPU, thread count and torch version; cached)."""
+    from ..precision import MatmulChoices
+    key = (f"{_cpu_model()} [{_flags_key()}], "
+           f"{torch.get_num_threads()} threads, torch {torch.__version__}")
+    path = cache_file("float16-matmuls.json")
+    cached = _cached(path, key, _measure_matmuls)
+    return MatmulChoices(cached["memory_bound"], cached["compute_bound"], cached["memory_bound_rows"],
+                         f"measured on this CPU, {torch.get_num_threads()} threads; cached in {path}",
+                         cached["timings"])
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return f"{platform.machine()} {platform.processor()}".strip()
+
+
+def _flags_key() -> str:
+    """The flags that decide the speed of reduced-precision arithmetic."""
+    have = set(_cpu_flags().split())
+    return " ".join(f for f in ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16",
+                                "amx_bf16", "amx_fp16") if f in have)
+
+
+def _time_choice(rows: int, choice: str) -> float:
+    """Median milliseconds of one F.linear of ``rows`` float16 rows by a 1024 x 1024 float16
+    weight, computed as ``choice`` does (the weight converted beforehand, as it is kept).
+    torch's own C function: F.linear may be the policy's patched one by now."""
+    from ..precision import AS_ASKED, BFLOAT16
+    linear = torch._C._nn.linear
+    torch.manual_seed(0)
+    x = torch.randn(rows, _WIDTH).half()
+    weight = torch.randn(_WIDTH, _WIDTH).half()
+    if choice == AS_ASKED:
+        def call():
+            linear(x, weight)
+    else:
+        dtype = torch.bfloat16 if choice == BFLOAT16 else torch.float32
+        kept = weight.to(dtype)
+
+        def call():
+            linear(x.to(dtype), kept).half()
+    times = []
+    for _ in range(7):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return sorted(times[2:])[len(times[2:]) // 2] * 1e3       # two warm-up calls
+
+
+def _fastest(times: Dict[str, float]) -> str:
+    """The fastest choice, unless a more precise one is within _PREFER_WITHIN of it."""
+    from ..precision import AS_ASKED, BFLOAT16, FLOAT32
+    best = min(times.values())
+    return next(choice for choice in (FLOAT32, AS_ASKED, BFLOAT16) if times[choice] <= best * _PREFER_WITHIN)
+
+
+def _measure_matmuls() -> dict:
+    from ..precision import AS_ASKED, BFLOAT16, FLOAT32
+    choices = (AS_ASKED, BFLOAT16, FLOAT32)
+    with torch.no_grad():
+        memory = {c: _time_choice(_MEMORY_BOUND_ROWS, c) for c in choices}
+        compute = {c: _time_choice(_COMPUTE_BOUND_ROWS, c) for c in choices}
+        memory_choice, compute_choice = _fastest(memory), _fastest(compute)
+        # Where the classes differ, the memory-bound choice holds up to the largest row count
+        # (doubling from the decoding batch) at which it still beats the compute-bound one.
+        rows = _MEMORY_BOUND_ROWS
+        if memory_choice != compute_choice:
+            while rows * 2 < _COMPUTE_BOUND_ROWS and \
+                    _time_choice(rows * 2, memory_choice) < _time_choice(rows * 2, compute_choice):
+                rows *= 2
+        else:
+            rows = _COMPUTE_BOUND_ROWS
+    return {"memory_bound": memory_choice, "compute_bound": compute_choice, "memory_bound_rows": rows,
+            "timings": {"memory-bound": {**memory, "rows": _MEMORY_BOUND_ROWS},
+                        "compute-bound": {**compute, "rows": _COMPUTE_BOUND_ROWS}}}
 
 
 def _measure() -> Dict[str, bool]:

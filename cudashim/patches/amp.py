@@ -3,8 +3,11 @@
 The classes are patched in place (their ``__init__``), not replaced, so ``torch.autocast``
 stays the class torch and its compiler know. The dtype of a CUDA region is the precision
 policy's (``cudashim.precision``): float16, where the target computes it slowly, runs in a
-dtype it computes fast. A dtype the target cannot autocast to at all falls back to its first
-supported one, with a warning once.
+dtype it computes fast. A region asked for the target's own device type is one too: programs
+derive autocast's device type from their tensors (``torch.autocast(x.device.type, ...)``, as
+timm does), which name the target under the shim; its default dtype is the target's. A dtype
+the target cannot autocast to at all falls back to its first supported one, with a warning
+once.
 """
 
 import functools
@@ -47,9 +50,12 @@ def install(activation):
 
     def make_autocast_init(original):
         def __init__(self, device_type, dtype=None, enabled=True, cache_enabled=None):
-            if device_type == "cuda":
-                device_type = translate(device_type)
-                asked = torch.float16 if dtype is None else dtype    # CUDA's default dtype
+            if device_type == "cuda" or device_type == backend.device_type:
+                if device_type == "cuda":
+                    device_type = translate(device_type)
+                    asked = torch.float16 if dtype is None else dtype    # CUDA's default dtype
+                else:
+                    asked = torch.get_autocast_dtype(device_type) if dtype is None else dtype
                 dtype = policy.autocast_dtype(asked) if enabled else asked
                 if dtype != asked:
                     _say_once(activation, asked, dtype, policy)

@@ -1,10 +1,13 @@
-"""Precision at the target's speed: float16 matmuls in float32, and TF32 flags mapped.
+"""Precision at the target's speed: float16 matmuls by shape class, and TF32 flags mapped.
 
 Where the precision policy (``cudashim.precision``) says float16 is slow on the target, the
 matmul family (mm, bmm, addmm, baddbmm, matmul, einsum, linear, the convolutions,
 scaled_dot_product_attention, and the Tensor methods and ``@``) computes float16 inputs in
-float32 and rounds the result to float16 once, as CUDA's tensor cores accumulate. Tensors
-keep their dtype. A call whose first tensor is not float16 goes straight to torch after one
+the policy's choice for the call's shape class: a product of few rows a matrix (decoding) is
+memory-bound, and may run in float16 as asked, whose weights are half float32's size; a
+larger one computes in float32 (or bfloat16 where that is the host's fastest) and rounds the
+result to float16 once, as CUDA's tensor cores accumulate. Convolutions and einsum count as
+compute-bound. Tensors keep their dtype. A call whose first tensor is not float16 goes straight to torch after one
 dtype check; a call with float16 inputs mixed with other dtypes is torch's to judge; inside
 an autocast region autocast decides. Inside a CUDA autocast region the policy runs in
 float32 (autocast off), mixed dtypes that torch refuses are computed in float32, as
@@ -30,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from ..patching.watched import WatchedAttributes
+from ..precision import AS_ASKED, BFLOAT16
 
 HALF = torch.float16
 
@@ -62,14 +66,42 @@ def install(activation):
             api = f"{getattr(owner, '__name__', owner)}.{name}"
             activation.replace(owner, name, functools.partial(
                 _computed_in_float32, api, first, activation.backend.device_type, cache,
-                activation.count, policy.float32_regions))
+                activation.count, policy.float32_regions, policy, _ROWS.get(name)))
     if policy.float32_matmul_precision is not None:
         _map_tf32(activation, policy.float32_matmul_precision)
 
 
-# --- float16 in float32 -------------------------------------------------------------------
+# --- the shape class of a call ------------------------------------------------------------
+def _rows_of_a_product(left, right):
+    """Rows a matrix of ``left @ right``: per matrix where the right operand is a batch of
+    matrices (attention's scores), else every row of the left one (a layer's weight shared)."""
+    if right.dim() >= 3:
+        return left.shape[-2] if left.dim() >= 2 else 1
+    return left.numel() // left.shape[-1] if left.dim() and left.shape[-1] else None
+
+
+def _rows_of_matmul(args, kwargs):
+    left, right = args[0], args[1] if len(args) > 1 else kwargs.get("other")
+    return _rows_of_a_product(left, right) if isinstance(right, torch.Tensor) else None
+
+
+# name -> (args, kwargs) -> rows a matrix of the product, None where not known (compute-bound)
+_ROWS = {
+    "linear": lambda args, kwargs: args[0].numel() // args[0].shape[-1] if args[0].dim() and args[0].shape[-1] else None,
+    "mm": _rows_of_matmul, "matmul": _rows_of_matmul, "__matmul__": _rows_of_matmul,
+    "bmm": lambda args, kwargs: args[0].shape[-2],
+    "__rmatmul__": lambda args, kwargs: (_rows_of_a_product(args[1], args[0])
+                                         if len(args) > 1 and isinstance(args[1], torch.Tensor) else None),
+    "addmm": lambda args, kwargs: args[1].shape[0] if len(args) > 1 else None,
+    "baddbmm": lambda args, kwargs: args[1].shape[-2] if len(args) > 1 else None,
+    "scaled_dot_product_attention": lambda args, kwargs: args[0].shape[-2],
+}
+
+
+# --- float16 by the policy ----------------------------------------------------------------
 class WideningCache:
-    """float32 copies of float16 parameters that no gradient flows to, per tensor version.
+    """float32 (or bfloat16) copies of float16 parameters that no gradient flows to, per
+    tensor version.
 
     A copy is used again only while the parameter still holds the same storage (a
     parameter whose ``.data`` was replaced, as ZeRO-3 does at every gather, may get a new
@@ -84,18 +116,18 @@ class WideningCache:
         self.held = 0
         self.trains = False           # an optimizer has stepped in this process
 
-    def widen(self, tensor):
+    def widen(self, tensor, dtype=torch.float32):
         if not isinstance(tensor, torch.nn.Parameter) \
                 or (tensor.requires_grad and (self.trains or torch.is_grad_enabled())) \
                 or not _owns_its_storage(tensor):
-            return tensor.float()
-        key = id(tensor)
+            return tensor.to(dtype)
+        key = (id(tensor), dtype)
         kept = self.copies.get(key)
         storage = tensor.untyped_storage()            # one Python object while it lives
         if kept is not None and kept[0]() is tensor and kept[1] == tensor._version \
                 and kept[2]() is storage:
             return kept[3]
-        wide = tensor.detach().float()
+        wide = tensor.detach().to(dtype)
         size = wide.numel() * wide.element_size()
         if kept is not None:
             self._forget(key)
@@ -135,7 +167,7 @@ def _quarter_of_memory() -> int:
         return 4 * 2 ** 30
 
 
-def _computed_in_float32(api, first, device_type, cache, count, regions, original):
+def _computed_in_float32(api, first, device_type, cache, count, regions, policy, rows_of, original):
     def reconciled(args, kwargs):
         """In a CUDA region run in float32: float16 and bfloat16 operands in float32, as
         autocast would have cast them to its dtype; elsewhere torch's judgement stands."""
@@ -150,9 +182,18 @@ def _computed_in_float32(api, first, device_type, cache, count, regions, origina
             return original(*args, **kwargs)           # autocast's call
         if not _all_half(args, kwargs):
             return reconciled(args, kwargs)
-        count(api, "float16 computed in float32")
-        wide_args = [_wide(value, cache) for value in args]
-        wide_kwargs = {name: _wide(value, cache) for name, value in kwargs.items()}
+        try:
+            rows = rows_of(args, kwargs) if rows_of is not None else None
+        except (IndexError, AttributeError, TypeError):   # a call shape torch will judge
+            rows = None
+        choice = policy.float16_matmuls.for_rows(rows)
+        if choice == AS_ASKED:
+            count(api, "float16 as asked (memory-bound)")
+            return original(*args, **kwargs)
+        dtype = torch.bfloat16 if choice == BFLOAT16 else torch.float32
+        count(api, f"float16 computed in {choice}")
+        wide_args = [_wide(value, cache, dtype) for value in args]
+        wide_kwargs = {name: _wide(value, cache, dtype) for name, value in kwargs.items()}
         return original(*wide_args, **wide_kwargs).to(HALF)
 
     if first == 0:                                     # the hot path: one dtype check
@@ -212,11 +253,11 @@ def _float32(value, cache):
     return value
 
 
-def _wide(value, cache):
+def _wide(value, cache, dtype=torch.float32):
     if isinstance(value, torch.Tensor):
-        return cache.widen(value) if value.dtype is HALF else value
+        return cache.widen(value, dtype) if value.dtype is HALF else value
     if isinstance(value, (list, tuple)):
-        return type(value)(_wide(item, cache) for item in value)
+        return type(value)(_wide(item, cache, dtype) for item in value)
     return value
 
 
