@@ -13,8 +13,11 @@ Three CUDA programs, each run three ways in one invocation, each in processes of
 
 1. a GPT training step with float16 autocast and GradScaler (examples/gpt.py; it also sets
    the TF32 flags);
-2. ``model.half()`` generation (benchmarks/programs/generate.py over the same GPT);
-3. float32 training with the TF32 flags (benchmarks/programs/tf32_mlp.py).
+2. ``model.half()`` generation (benchmarks/programs/generate.py over the same GPT, batch 8,
+   the whole context each token: compute-bound);
+3. ``model.half().cuda()`` decoding with a key/value cache, batch 2 (benchmarks/programs/
+   decode.py: memory-bound), whose ports include float16 left on the CPU;
+4. float32 training with the TF32 flags (benchmarks/programs/tf32_mlp.py).
 
 Target: shimmed within 10% of the best port. Times are medians over the steps (or generations)
 of every run.
@@ -51,6 +54,11 @@ PROGRAMS = {
                      "cpu", "--dtype", "float32", *GPT_GENERATE],
          "bfloat16": ["benchmarks/programs/generate.py", "tests/ported/gpt_ported.py", "--device",
                       "cpu", "--dtype", "bfloat16", *GPT_GENERATE]},
+        "times"),
+    "model.half().cuda() decoding, batch 2, KV cache": (
+        ["benchmarks/programs/decode.py"],
+        {dtype: ["benchmarks/programs/decode.py", "--device", "cpu", "--dtype", dtype]
+         for dtype in ("float32", "bfloat16", "float16")},
         "times"),
     "float32 training, TF32 flags": (
         ["benchmarks/programs/tf32_mlp.py"],
@@ -98,12 +106,20 @@ def main():
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--json", default=os.path.join(ROOT, "benchmarks", "results-precision.json"))
     args = parser.parse_args()
-    sys.path.insert(0, ROOT)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import host
     from cudashim.backends import cpu_speed
     fast, how = cpu_speed.speeds()
     speeds = ", ".join(f"{str(d).replace('torch.', '')}: {'fast' if f else 'slow'}"
                        for d, f in fast.items())
+    info = host.describe()
+    print(host.line(info))
     print(f"this CPU: {speeds} ({how})")
+    choices = cpu_speed.matmul_choices()
+    table = {"memory_bound": choices.memory_bound, "compute_bound": choices.compute_bound,
+             "memory_bound_rows": choices.memory_bound_rows, "timings": choices.timings}
+    print(f"float16 matmuls: memory-bound (<= {choices.memory_bound_rows} rows) {choices.memory_bound}, "
+          f"compute-bound {choices.compute_bound}")
     with tempfile.TemporaryDirectory() as workdir:
         rows = [measure(name, args.runs, workdir) for name in PROGRAMS]
     print(f"{'program':<50}{'shimmed':>10}{'best port':>11}  {'(which)':<30}{'ratio':>7}"
@@ -113,8 +129,8 @@ def main():
               f"{row['best_port']:<30}{row['ratio']:>6.2f}x{'<=1.10 ' + ('met' if row['met'] else 'MISSED'):>12}"
               f"{row['as_asked_ms']:>9.1f}ms{row['speedup_over_as_asked']:>9.1f}x")
     with open(args.json, "w") as out:
-        json.dump({"rows": rows, "cpu": speeds, "machine": platform.platform(),
-                   "python": platform.python_version(), "cpus": os.cpu_count()}, out, indent=2)
+        json.dump({"rows": rows, "cpu": speeds, "float16_matmuls": table, "host": info,
+                   "machine": platform.platform()}, out, indent=2)
         out.write("\n")
 
 

@@ -205,8 +205,9 @@ OPTIONS: Tuple[Option, ...] = (
            help="harmless unsupported CUDA APIs (the CUDA profiler's start/stop, TunableOp) "
                 "warn once and do nothing (warn, the default), or raise as the others do"),
     Option("amp_dtype", "CUDASHIM_AMP_DTYPE", "auto", _one_of(AMP_DTYPES), choices=AMP_DTYPES,
-           help="what CUDA's float16 requests compute in: auto (the default: the target's fast "
-                "dtype, bfloat16 or float32 where float16 is slow), as-asked, bfloat16, float16"),
+           help="what CUDA's float16 requests compute in: auto (the default: where float16 is "
+                "slow, whichever of float16, bfloat16 and float32 this host measured fastest for "
+                "each shape class), as-asked, bfloat16, float16"),
     Option("tf32", "CUDASHIM_TF32", "auto", _one_of(TF32_POLICIES), choices=TF32_POLICIES,
            help="CUDA's TF32 flags turn on the target's reduced-precision float32 matmuls where "
                 "it has them (auto, the default), or change nothing (ignore)"),

@@ -102,6 +102,10 @@ def check_contract(backend, device_type):
     fast, how_known = answer("dtype_speeds")
     assert set(fast) == {torch.float16, torch.bfloat16} and how_known
     assert all(isinstance(speed, bool) for speed in fast.values())
+    choices = answer("float16_matmul_choices")
+    assert {choices.memory_bound, choices.compute_bound} <= {"as-asked", "bfloat16", "float32"}
+    if fast[torch.float16]:                            # nothing to choose where float16 is fast
+        assert (choices.memory_bound, choices.compute_bound) == ("as-asked", "as-asked")
     assert answer("sdpa_backends")
     assert isinstance(answer("can_pin_memory"), bool)
     graphs = answer("native_graphs")                   # None: the fakes have no graphs of their own
