@@ -17,8 +17,8 @@ literally defeats them. So, by default (``amp_dtype="auto"``):
   (a few rows a matrix: decoding a batch of 1-4) read their weights more than they compute,
   so float16's half-size weights can beat float32 even where float16 arithmetic is emulated;
   compute-bound ones (training, prefill) run at the arithmetic's speed. The host measures
-  both classes once (``MatmulChoices``), when a float16 matmul or a CUDA autocast region
-  first needs them;
+  both classes once (``MatmulChoices``, cached on disk), at the first activation that needs
+  them;
 - the TF32 flags turn on the target's reduced-precision float32 matmul where it has one
   (oneDNN's bfloat16 precision on CPUs that compute bfloat16 fast).
 

@@ -53,6 +53,9 @@ _FUNCTIONS = (
 def install(activation):
     policy = activation.precision
     if policy.widens_float16:
+        # Measured (or read from the cache) now, not at the first float16 matmul, which may
+        # come while torch.compile traces the family.
+        policy.float16_matmuls
         cache = WideningCache()
         activation.registry.add_undo("float16 weights kept in float32", cache.clear)
         # An optimizer may write parameters through ``.data`` (master weights copied back
