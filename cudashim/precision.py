@@ -56,11 +56,13 @@ class MatmulChoices:
     how_known: str
     timings: Dict[str, Dict[str, float]] = dataclasses.field(default_factory=dict, compare=False)
 
+    def is_memory_bound(self, rows: Optional[int]) -> bool:
+        """Whether a product of ``rows`` rows a matrix is memory-bound (None: not known, no)."""
+        return rows is not None and rows <= self.memory_bound_rows
+
     def for_rows(self, rows: Optional[int]) -> str:
-        """The choice for a product with ``rows`` rows a matrix (None: not known, compute-bound)."""
-        if rows is not None and rows <= self.memory_bound_rows:
-            return self.memory_bound
-        return self.compute_bound
+        """The choice for a product with ``rows`` rows a matrix."""
+        return self.memory_bound if self.is_memory_bound(rows) else self.compute_bound
 
     @classmethod
     def from_dtype_speeds(cls, fast: Dict[torch.dtype, bool], how_known: str) -> "MatmulChoices":

@@ -9,13 +9,12 @@ token. The times of each generation after a warm-up one, and the tokens, go to `
 """
 
 import argparse
-import json
 import math
-import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from generations import time_generations
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--device", default="cuda")
@@ -87,13 +86,4 @@ def generate(idx):
     return idx
 
 
-generate(prompt)                                     # warm-up
-times = []
-for _ in range(args.repeats):
-    start = time.perf_counter()
-    tokens = generate(prompt)
-    if args.device.startswith("cuda"):
-        torch.cuda.synchronize()
-    times.append(time.perf_counter() - start)
-with open(args.times, "w") as out:
-    json.dump({"times": times, "tokens": tokens.tolist()}, out)
+time_generations(generate, prompt, args.repeats, args.device, args.times)

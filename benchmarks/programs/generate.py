@@ -10,12 +10,11 @@ after a warm-up one, and the tokens, are written to ``--times`` as JSON.
 """
 
 import argparse
-import json
 import runpy
 import sys
-import time
 
 import torch
+from generations import time_generations
 
 parser = argparse.ArgumentParser()
 parser.add_argument("program")
@@ -42,13 +41,4 @@ def generate(idx):
     return idx
 
 
-generate(prompt)                                     # warm-up
-times = []
-for _ in range(args.repeats):
-    start = time.perf_counter()
-    tokens = generate(prompt)
-    if args.device.startswith("cuda"):
-        torch.cuda.synchronize()
-    times.append(time.perf_counter() - start)
-with open(args.times, "w") as out:
-    json.dump({"times": times, "tokens": tokens.tolist()}, out)
+time_generations(generate, prompt, args.repeats, args.device, args.times)

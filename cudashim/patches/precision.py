@@ -189,12 +189,16 @@ def _computed_in_float32(api, first, device_type, cache, count, regions, policy,
             rows = rows_of(args, kwargs) if rows_of is not None else None
         except (IndexError, AttributeError, TypeError):   # a call shape torch will judge
             rows = None
-        choice = policy.float16_matmuls.for_rows(rows)
+        choices = policy.float16_matmuls
+        memory_bound = choices.is_memory_bound(rows)
+        choice = choices.for_rows(rows)
+        # The report has one row per API and what it became: decoding-sized calls get their own.
+        reported = f"{api} (memory-bound)" if memory_bound else api
         if choice == AS_ASKED:
-            count(api, "float16 as asked (memory-bound)")
+            count(reported, "float16 as asked")
             return original(*args, **kwargs)
         dtype = torch.bfloat16 if choice == BFLOAT16 else torch.float32
-        count(api, f"float16 computed in {choice}")
+        count(reported, f"float16 computed in {choice}")
         wide_args = [_wide(value, cache, dtype) for value in args]
         wide_kwargs = {name: _wide(value, cache, dtype) for name, value in kwargs.items()}
         return original(*wide_args, **wide_kwargs).to(HALF)
