@@ -40,13 +40,15 @@ def cpu_flags() -> list:
 
 
 def commit() -> str:
-    """The checkout's commit, with "+changes" where its tracked files differ from it."""
+    """The checkout's commit, with "+changes" where its tracked files differ from it (but for
+    the results and the page the benchmarks write themselves)."""
     def git(*args):
         return subprocess.run(["git", "-C", REPOSITORY, *args], capture_output=True, text=True)
     head = git("rev-parse", "--short", "HEAD")
     if head.returncode:
         return "unknown (not a git checkout)"
-    dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!BENCHMARKS.md",
+                ":!benchmarks/results").stdout.strip()
     return head.stdout.strip() + ("+changes" if dirty else "")
 
 
