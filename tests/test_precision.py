@@ -525,3 +525,15 @@ def test_once_an_optimizer_steps_only_frozen_parameters_are_kept():
         cache.optimizer_stepped()
         assert cache.widen(trained) is not cache.widen(trained)  # training: widened each call
         assert cache.widen(frozen) is cache.widen(frozen)
+
+
+def test_measuring_the_float16_matmuls_leaves_the_programs_random_numbers_alone(monkeypatch, tmp_path):
+    """The measurement runs at activation, inside the user's program: its generator is its own."""
+    from cudashim.backends import cpu_speed
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cpu_speed.matmul_choices.cache_clear()
+    torch.manual_seed(1234)
+    before = torch.random.get_rng_state()
+    choices = cpu_speed.matmul_choices()
+    assert torch.equal(torch.random.get_rng_state(), before)
+    assert (tmp_path / "cudashim" / "float16-matmuls.json").exists() and choices.memory_bound_rows >= 2
