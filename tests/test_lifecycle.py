@@ -117,15 +117,38 @@ def test_activated_context_manager_scopes_the_shim():
 
 
 def test_a_failed_activation_leaves_nothing_active():
+    import gc
     import torch
     import cudashim
     from cudashim.errors import BackendUnavailableError
 
     with pytest.raises(BackendUnavailableError, match="no working CUDA device"):
         cudashim.activate("cuda")
+    assert gc.isenabled(), "the garbage collector paused for activation is running again"
     assert not cudashim.is_active() and cudashim.activation.current_activation() is None
     assert torch.Tensor.to is torch._C.TensorBase.to
     assert cudashim.activate("cpu").name == "cpu"
+    cudashim.deactivate()
+
+
+@pytest.mark.parametrize("collecting", [True, False], ids=["collector-on", "collector-off"])
+def test_activation_runs_none_of_the_programs_garbage_collections(collecting):
+    """``import torch`` leaves a full collection due; the program runs it, not activation,
+    whose thousands of allocations would otherwise start it."""
+    import gc
+    import torch
+    import cudashim
+
+    gc.collect()                                     # every generation's count at zero
+    started = []
+    gc.callbacks.append(lambda phase, info: started.append(info["generation"]) if phase == "start" else None)
+    if not collecting:
+        gc.disable()
+    cudashim.activate("cpu")
+    # Unpaused, activation starts some twenty young collections and two of the middle
+    # generation. Paused, the first allocation after it is re-enabled collects the young one.
+    assert started in ([], [0])
+    assert gc.isenabled() is collecting, "the collector is left as the program had it"
     cudashim.deactivate()
 
 

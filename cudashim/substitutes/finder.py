@@ -254,8 +254,13 @@ def _references_to(displaced: Dict[str, types.ModuleType],
                     replacement[id(value)] = getattr(stand_in, attribute)
     holders = [m for m in list(sys.modules.values()) if isinstance(m, types.ModuleType)]
     holders += [vars(m)["_cudashim_real"] for m in holders if "_cudashim_real" in vars(m)]
+    wanted = replacement.keys()
     for holder in holders:
         if holder.__name__.partition(".")[0] == stand_in.__name__ or holder in displaced.values():
+            continue
+        # Most of the thousand-odd modules hold none of them: their values are compared in C,
+        # by identity, and only a module that holds one is read name by name.
+        if wanted.isdisjoint(map(id, vars(holder).values())):
             continue
         for attribute, value in list(vars(holder).items()):
             if id(value) in replacement and isinstance(value, _REBOUND_KINDS) \
