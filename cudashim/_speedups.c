@@ -13,10 +13,12 @@
  *   DefaultDevice   Tensor.cuda(): a device argument that defaults to "cuda"
  *   NamedDevice     torch.device("cuda") through the class stand-in's __call__
  *   DtypeGate       a function with a filled kernel gap, called outside the gap
+ *   HalfGate        a matmul under the float16 policy, called outside float16
  *
- * The types live in three files: _speedups_callers.c (who asks: CallerCache, TruthSwitch,
- * IsCuda), _speedups_devices.c (device arguments: Rewriter, DefaultDevice, NamedDevice) and
- * _speedups_gaps.c (DtypeGate). This one holds what they share and the module.
+ * The types live in four files: _speedups_callers.c (who asks: CallerCache, TruthSwitch,
+ * IsCuda), _speedups_devices.c (device arguments: Rewriter, DefaultDevice, NamedDevice),
+ * _speedups_gaps.c (DtypeGate) and _speedups_precision.c (HalfGate). This one holds what
+ * they share and the module.
  */
 
 #include "_speedups.h"
@@ -97,7 +99,7 @@ static int matches_the_table(PyTypeObject **types, size_t count)
 PyMODINIT_FUNC PyInit__speedups(void)
 {
     PyTypeObject *types[] = {&CallerCacheType, &RewriterType, &TruthSwitchType, &IsCudaType,
-                             &DefaultDeviceType, &NamedDeviceType, &DtypeGateType};
+                             &DefaultDeviceType, &NamedDeviceType, &DtypeGateType, &HalfGateType};
     size_t count = sizeof(types) / sizeof(types[0]), i;
     PyObject *module;
     if (!matches_the_table(types, count))

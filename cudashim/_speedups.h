@@ -20,6 +20,8 @@ extern PyTypeObject CallerCacheType, TruthSwitchType, IsCudaType;
 extern PyTypeObject RewriterType, DefaultDeviceType, NamedDeviceType;
 /* _speedups_gaps.c: filled kernel gaps */
 extern PyTypeObject DtypeGateType;
+/* _speedups_precision.c: the float16 policy's matmul family */
+extern PyTypeObject HalfGateType;
 
 /* _speedups.c */
 PyObject *bind_as_method(PyObject *self, PyObject *obj, PyObject *type);

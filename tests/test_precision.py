@@ -285,6 +285,49 @@ def test_other_dtypes_go_straight_to_torch(speeds):
         F.linear(x, w.float())
 
 
+def test_where_the_fast_path_runs_the_family_is_its_compiled_gate_and_agrees_with_python(speeds):
+    """Each function of the family is a compiled gate carrying its Python twin: both give the
+    same result in float16 and outside it, torch's own refusal of mixed dtypes outside a
+    float32 region and the same reconciliation inside one."""
+    from cudashim import speedups
+    import cudashim
+    if speedups.chosen(cudashim._settings.load()) is None:
+        pytest.skip("the compiled fast path does not run here")
+    x, w, m3 = _half_inputs()
+    speeds(SLOW_BOTH)
+    gates = {"F.linear": F.linear, "torch.mm": torch.mm, "torch.einsum": torch.einsum,
+             "Tensor.__matmul__": torch.Tensor.__matmul__}
+    for name, gate in gates.items():
+        assert type(gate).__name__ == "HalfGate" and gate.python_twin.__wrapped__ is gate.__wrapped__, name
+    calls = {
+        "F.linear": [((x, w), {}), ((x.float(), w.float()), {}), ((), {"input": x, "weight": w}),
+                     ((x.to(BF16), w.float()), {})],
+        "torch.mm": [((x, w.t()), {}), ((x.float(), w.float().t()), {}), ((x.float(), w.t()), {})],
+        "torch.einsum": [(("bij,bkj->bik", m3, m3), {}), (("bij,bkj->bik", [m3, m3]), {}),
+                         (("bij,bkj->bik", (m3.float(), m3.float())), {})],
+        "Tensor.__matmul__": [((x, w.t()), {}), ((x.float(), w.float().t()), {})],
+    }
+    for region in (False, True):
+        for name, gate in gates.items():
+            for args, kwargs in calls[name]:
+                results = []
+                for call in (gate, gate.python_twin):
+                    try:
+                        if region:
+                            with torch.autocast("cuda", dtype=BF16):      # run in float32 here
+                                results.append(call(*args, **kwargs))
+                        else:
+                            results.append(call(*args, **kwargs))
+                    except RuntimeError as refusal:
+                        results.append(str(refusal))
+                ours, twin = results
+                if isinstance(ours, str):
+                    assert not region and ours == twin, (name, ours, twin)
+                else:
+                    assert torch.equal(ours, twin) and ours.dtype == twin.dtype, (name, region)
+    assert (x @ w.t()).dtype == HALF and x.float().mm(w.float().t()).dtype == torch.float32
+
+
 def test_a_region_run_in_float32_computes_the_dtypes_autocast_would_have_cast(speeds):
     """Fabric's "bf16-mixed" hands bfloat16 batches to float32 weights inside the CUDA region,
     which autocast reconciles. Where the policy runs the region in float32, the matmul family

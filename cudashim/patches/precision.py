@@ -32,6 +32,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
+from ..patching.rewriter import compiled_twin
 from ..patching.watched import WatchedAttributes
 from ..precision import AS_ASKED, BFLOAT16
 
@@ -68,8 +69,9 @@ def install(activation):
         for owner, name, first in _FUNCTIONS:
             api = f"{getattr(owner, '__name__', owner)}.{name}"
             activation.replace(owner, name, functools.partial(
-                _computed_in_float32, api, first, activation.backend.device_type, cache,
-                activation.count, policy.float32_regions, policy, _ROWS.get(name)))
+                by_policy, api, first, activation.backend.device_type, cache,
+                activation.count, policy.float32_regions, policy, _ROWS.get(name),
+                activation.compiled))
     if policy.float32_matmul_precision is not None:
         _map_tf32(activation, policy.float32_matmul_precision)
 
@@ -170,8 +172,10 @@ def _quarter_of_memory() -> int:
         return 4 * 2 ** 30
 
 
-def _computed_in_float32(api, first, device_type, cache, count, regions, policy, rows_of, original):
-    def reconciled(args, kwargs):
+def by_policy(api, first, device_type, cache, count, regions, policy, rows_of, compiled, original):
+    """``original`` computing float16 inputs as the policy chooses; its compiled gate where
+    the fast path runs (``_speedups_precision.c``), which behaves as the Python wrapper."""
+    def reconciled(*args, **kwargs):
         """In a CUDA region run in float32: float16 and bfloat16 operands in float32, as
         autocast would have cast them to its dtype; elsewhere torch's judgement stands."""
         if not regions.depth or torch.is_autocast_enabled(device_type):
@@ -180,11 +184,11 @@ def _computed_in_float32(api, first, device_type, cache, count, regions, policy,
         return original(*[_float32(value, cache) for value in args],
                         **{name: _float32(value, cache) for name, value in kwargs.items()})
 
-    def widened(args, kwargs):
+    def widened(*args, **kwargs):
         if torch.is_autocast_enabled(device_type):
             return original(*args, **kwargs)           # autocast's call
         if not _all_half(args, kwargs):
-            return reconciled(args, kwargs)
+            return reconciled(*args, **kwargs)
         try:
             rows = rows_of(args, kwargs) if rows_of is not None else None
         except (IndexError, AttributeError, TypeError):   # a call shape torch will judge
@@ -203,37 +207,26 @@ def _computed_in_float32(api, first, device_type, cache, count, regions, policy,
         wide_kwargs = {name: _wide(value, cache, dtype) for name, value in kwargs.items()}
         return original(*wide_args, **wide_kwargs).to(HALF)
 
-    if first == 0:                                     # the hot path: one dtype check
-        @functools.wraps(original)
-        def computed_in_float32(*args, **kwargs):
-            try:
-                half = args[0].dtype is HALF
-            except (IndexError, AttributeError):      # keywords only, or not a tensor
-                half = False
-            if half:
-                return widened(args, kwargs)
-            try:
-                return original(*args, **kwargs)
-            except RuntimeError:                      # mixed dtypes: torch refused them
-                if not regions.depth:
-                    raise
-            return reconciled(args, kwargs)
-        return computed_in_float32
-
     @functools.wraps(original)
-    def operands_in_float32(*args, **kwargs):          # einsum(equation, *operands)
+    def computed_by_policy(*args, **kwargs):
+        # One dtype check: the leading tensor's (einsum's first operand, after the equation).
         leading = args[first] if len(args) > first else None
         if leading.__class__ in (list, tuple) and leading:
             leading = leading[0]
         if getattr(leading, "dtype", None) is HALF:
-            return widened(args, kwargs)
+            return widened(*args, **kwargs)
         try:
             return original(*args, **kwargs)
-        except RuntimeError:
+        except RuntimeError:                           # mixed dtypes: torch refused them
             if not regions.depth:
                 raise
-        return reconciled(args, kwargs)
-    return operands_in_float32
+        return reconciled(*args, **kwargs)
+
+    if compiled is None:
+        return computed_by_policy
+    # Calls outside float16, nearly all of them where the policy widens, skip the Python frame.
+    gate = compiled.HalfGate(original, widened, reconciled, regions, HALF, first)
+    return compiled_twin(gate, computed_by_policy)
 
 
 def _floating(values):

@@ -19,4 +19,5 @@ TWINS: Dict[str, Tuple[str, str]] = {          # type -> (its Python twin, what 
     "NamedDevice": ("cudashim.patches.device_objects:install",
                     "torch.device('cuda') through the class stand-in"),
     "DtypeGate": ("cudashim.kernels.gap_fill:filled", "a function with a filled kernel gap"),
+    "HalfGate": ("cudashim.patches.precision:by_policy", "a matmul under the float16 policy"),
 }
