@@ -534,6 +534,34 @@ def test_a_parameter_given_another_storage_at_the_same_address_is_widened_again(
         assert torch.equal(cache.widen(parameter), torch.full((48,), 5.0))
 
 
+@pytest.mark.parametrize("write", ["in place", "copied in", "assigned"])
+def test_a_write_through_data_is_seen_by_the_next_call(speeds, write):
+    """PEFT merges an adapter into a frozen layer with ``weight.data += delta``, which moves
+    no version counter; the next call computes with the merged weight, and the family is
+    left with no ``data`` of its own after deactivation."""
+    from cudashim.precision import FLOAT32, MatmulChoices
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 64).half().requires_grad_(False)
+    x = torch.randn(8, 64).half()
+    delta = torch.randn(64, 64).half()
+    speeds(SLOW_BOTH, matmuls=MatmulChoices(FLOAT32, FLOAT32, 4, "test"))
+    with torch.no_grad():
+        before = layer(x)
+        assert torch.equal(layer(x), before)                      # computed from the kept copy
+        merged = layer.weight.detach() + delta
+        if write == "in place":
+            layer.weight.data += delta
+        elif write == "copied in":
+            layer.weight.data.copy_(merged)
+        else:
+            layer.weight.data = merged.clone()
+        expected = F.linear(x.float(), merged.float(), layer.bias.float()).half()
+        assert torch.equal(layer(x), expected)
+    import cudashim
+    cudashim.deactivate()
+    assert "data" not in vars(torch.nn.Parameter)
+
+
 def test_an_optimizer_step_drops_the_kept_copies(speeds):
     """Mixed-precision optimizers copy their float32 master weights back into the float16
     parameters through ``.data``, which no version counter sees."""

@@ -66,6 +66,7 @@ def install(activation):
         from torch.optim.optimizer import register_optimizer_step_post_hook
         stepped = register_optimizer_step_post_hook(lambda *_: cache.optimizer_stepped())
         activation.registry.add_undo("kept copies dropped at optimizer steps", stepped.remove)
+        _drop_copies_at_data_reads(activation, cache)
         for owner, name, first in _FUNCTIONS:
             api = f"{getattr(owner, '__name__', owner)}.{name}"
             activation.replace(owner, name, functools.partial(
@@ -151,10 +152,34 @@ class WideningCache:
         self.copies.clear()
         self.held = 0
 
+    def drop(self, parameter):
+        """Forget ``parameter``'s copies: its next call widens what it then holds."""
+        if self.copies:
+            for dtype in (torch.float32, torch.bfloat16):
+                self._forget((id(parameter), dtype))
+
     def optimizer_stepped(self):
         """From now on parameters that require grad are trained here: none is kept."""
         self.trains = True
         self.clear()
+
+
+def _drop_copies_at_data_reads(activation, cache):
+    """A write through ``parameter.data`` (``weight.data += delta``, as PEFT merges an adapter
+    into a frozen layer) moves no version counter, so no check at the call can see it. Every
+    such write starts with a read of ``.data``; the read (and an assignment) drops the
+    parameter's copies first. A ``.data`` tensor held and written later still goes unseen."""
+    data = vars(torch._C.TensorBase)["data"]
+
+    def read(parameter):
+        cache.drop(parameter)
+        return data.__get__(parameter)
+
+    def assign(parameter, value):
+        cache.drop(parameter)
+        data.__set__(parameter, value)
+
+    activation.registry.add_attr(torch.nn.Parameter, "data", property(read, assign, doc=data.__doc__))
 
 
 def _owns_its_storage(parameter) -> bool:
