@@ -584,18 +584,21 @@ def test_an_optimizer_step_drops_the_kept_copies(speeds):
     assert not _global_optimizer_post_hooks                   # the hook goes too
 
 
-def test_once_an_optimizer_steps_only_frozen_parameters_are_kept():
-    """Training writes parameters in ways no version counter sees (ZeRO-3 gathers updated
-    shards into a parameter's memory); inference processes never step an optimizer."""
+def test_trained_parameters_are_kept_only_while_no_gradient_is_recorded_and_until_a_step():
+    """A training process that evaluates or generates under no_grad (HF Trainer's
+    ``fp16_full_eval``) keeps its copies until its optimizer steps again; its training
+    forward passes widen at every call."""
     from cudashim.patches.precision import WideningCache
     cache = WideningCache(budget_bytes=2 ** 20)
     trained = torch.nn.Parameter(torch.ones(8, dtype=torch.float16))
     frozen = torch.nn.Parameter(torch.ones(8, dtype=torch.float16), requires_grad=False)
+    assert cache.widen(trained) is not cache.widen(trained)          # training: each call
     with torch.no_grad():
-        assert cache.widen(trained) is cache.widen(trained)      # generation: kept
+        kept = cache.widen(trained)
+        assert cache.widen(trained) is kept and cache.widen(frozen) is cache.widen(frozen)
         cache.optimizer_stepped()
-        assert cache.widen(trained) is not cache.widen(trained)  # training: widened each call
-        assert cache.widen(frozen) is cache.widen(frozen)
+        assert cache.widen(trained) is not kept                      # a step drops it
+        assert cache.widen(trained) is cache.widen(trained)
 
 
 def test_measuring_the_float16_matmuls_leaves_the_programs_random_numbers_alone(monkeypatch, tmp_path):

@@ -15,7 +15,7 @@ autocast would have cast them: Fabric's "bf16-mixed" hands bfloat16 batches to f
 weights there. Parameters no gradient flows to (inference, and the
 forward of autograd Functions such as Megatron's tensor-parallel layers) are widened once
 per version and storage and kept, so ``model.half()`` generation does not convert every
-weight on every token; once an optimizer steps, only frozen parameters are kept.
+weight on every token; an optimizer step, and a read of a parameter's ``.data``, drop them.
 
 Where the target has a reduced-precision float32 matmul, the program's own TF32 flags
 (``torch.backends.cuda.matmul.allow_tf32``, ``...matmul.fp32_precision``,
@@ -59,10 +59,9 @@ def install(activation):
         policy.float16_matmuls
         cache = WideningCache()
         activation.registry.add_undo("float16 weights kept in float32", cache.clear)
-        # An optimizer may write parameters through ``.data`` (master weights copied back
-        # into float16 ones, ZeRO-3 gathering updated shards into a parameter's memory),
-        # which no version counter sees: a process that trains keeps no copies of the
-        # parameters it trains.
+        # An optimizer may write parameters in ways no version counter sees (master weights
+        # copied back into float16 ones through ``.data``, fused kernels writing in place):
+        # every step drops every copy, and so does every read of a parameter's ``.data``.
         from torch.optim.optimizer import register_optimizer_step_post_hook
         stepped = register_optimizer_step_post_hook(lambda *_: cache.optimizer_stepped())
         activation.registry.add_undo("kept copies dropped at optimizer steps", stepped.remove)
@@ -111,8 +110,9 @@ class WideningCache:
 
     A copy is used again only while the parameter still holds the same storage (a
     parameter whose ``.data`` was replaced, as ZeRO-3 does at every gather, may get a new
-    storage at the old address) at the same version, and parameters that require grad are
-    kept only until an optimizer first steps. The copies cost twice the float16
+    storage at the old address) at the same version, and until the next optimizer step or
+    read of the parameter's ``.data``; parameters that require grad are kept only while
+    no gradient is recorded (inference, evaluation). The copies cost twice the float16
     parameters' memory (what a float32 port holds), up to a quarter of the machine's memory;
     parameters past that are widened on every call, which is slower but holds nothing."""
 
@@ -120,11 +120,10 @@ class WideningCache:
         self.copies = {}              # id(parameter) -> (weak ref, version, weak storage, copy)
         self.budget = _quarter_of_memory() if budget_bytes is None else budget_bytes
         self.held = 0
-        self.trains = False           # an optimizer has stepped in this process
 
     def widen(self, tensor, dtype=torch.float32):
         if not isinstance(tensor, torch.nn.Parameter) \
-                or (tensor.requires_grad and (self.trains or torch.is_grad_enabled())) \
+                or (tensor.requires_grad and torch.is_grad_enabled()) \
                 or not _owns_its_storage(tensor):
             return tensor.to(dtype)
         key = (id(tensor), dtype)
@@ -159,8 +158,7 @@ class WideningCache:
                 self._forget((id(parameter), dtype))
 
     def optimizer_stepped(self):
-        """From now on parameters that require grad are trained here: none is kept."""
-        self.trains = True
+        """Parameters may have changed where no version counter shows it: none is kept."""
         self.clear()
 
 
