@@ -151,7 +151,8 @@ def render_precision(result):
     lines = ["`python benchmarks/precision.py`: unmodified CUDA programs under the shim's default "
              "precision policy, against the fastest of their hand ports to this CPU and against taking "
              "each request literally (`--amp-dtype as-asked --tf32 ignore`); medians over the steps or "
-             f"generations. This CPU: {result['cpu']}."]
+             "generations, with the middle half of the per-step ratios (steps paired by position); "
+             f"a target inside it is unresolved. This CPU: {result['cpu']}."]
     table = result.get("float16_matmuls")
     if table:
         timings = table["timings"]
@@ -166,8 +167,20 @@ def render_precision(result):
     for row in result["rows"]:
         ports = ", ".join(f"{name} {ms(value)}" for name, value in row["ports_ms"].items())
         lines.append(f"| {row['what']} | {ms(row['shimmed_ms'])} | {ms(row['best_port_ms'])} ({row['best_port']}) | "
-                     f"{row['ratio']:.2f}x {'met' if row['met'] else 'missed'} | {ms(row['as_asked_ms'])} | {ports} |")
+                     f"{row['ratio']:.2f}x{_ratio_spread(row)} {_precision_verdict(row)} | "
+                     f"{ms(row['as_asked_ms'])} | {ports} |")
     return "Precision at the target's speed", lines
+
+
+def _ratio_spread(row):
+    spread = row.get("ratio_middle_half")            # absent from results older than the spread
+    return f" ({spread[0]:.2f}-{spread[1]:.2f})" if spread else ""
+
+
+def _precision_verdict(row):
+    if isinstance(row["met"], bool):
+        return "met" if row["met"] else "missed"
+    return row["met"]
 
 
 def render_graphs(result):
