@@ -562,6 +562,36 @@ def test_a_write_through_data_is_seen_by_the_next_call(speeds, write):
     assert "data" not in vars(torch.nn.Parameter)
 
 
+def test_a_peft_adapter_merged_after_a_no_grad_call_is_in_the_next_output(speeds):
+    """PEFT's ``merge_and_unload`` adds the adapter into the frozen base weight through
+    ``weight.data += delta``, after the model has run under no_grad; the merged model gives
+    the output the adapter gave."""
+    pytest.importorskip("peft")
+    from peft import LoraConfig, get_peft_model
+    from cudashim.precision import FLOAT32, MatmulChoices
+
+    class Projection(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(64, 64)
+
+        def forward(self, x):
+            return self.proj(x)
+
+    speeds(SLOW_BOTH, matmuls=MatmulChoices(FLOAT32, FLOAT32, 4, "test"))
+    torch.manual_seed(0)
+    model = get_peft_model(Projection(), LoraConfig(r=4, target_modules=["proj"])).cuda().half().eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:                  # PEFT starts B at zero: a merge would add nothing
+                parameter.normal_()
+        x = torch.randn(32, 64, device="cuda", dtype=HALF)
+        with_adapter = model(x)
+        merged = model.merge_and_unload()(x)
+    assert merged.dtype == HALF
+    assert (merged.float() - with_adapter.float()).abs().max() < 0.05
+
+
 def test_an_optimizer_step_drops_the_kept_copies(speeds):
     """Mixed-precision optimizers copy their float32 master weights back into the float16
     parameters through ``.data``, which no version counter sees."""
