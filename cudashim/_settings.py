@@ -16,6 +16,7 @@ import os
 from typing import Any, Callable, Mapping, Optional, Tuple
 
 from . import backends, patches, substitutes
+from .tables import host_profiles
 
 ENV_ACTIVATE = "CUDASHIM_ACTIVATE"
 """Set to ``1`` by the launcher so the sitecustomize hook activates child interpreters."""
@@ -208,6 +209,11 @@ OPTIONS: Tuple[Option, ...] = (
            help="what CUDA's float16 requests compute in: auto (the default: where float16 is "
                 "slow, whichever of float16, bfloat16 and float32 this host measured fastest for "
                 "each shape class), as-asked, bfloat16, float16"),
+    Option("host_profile", "CUDASHIM_HOST_PROFILE", host_profiles.MEASURED, _one_of(host_profiles.NAMES),
+           choices=host_profiles.NAMES,
+           help="the reduced-precision speeds the precision policy follows on the CPU: measured on "
+                "this CPU (the default), or those of a CPU that computes float16 and bfloat16 "
+                "natively (fast), bfloat16 alone (bfloat16), or neither (slow)"),
     Option("tf32", "CUDASHIM_TF32", "auto", _one_of(TF32_POLICIES), choices=TF32_POLICIES,
            help="CUDA's TF32 flags turn on the target's reduced-precision float32 matmuls where "
                 "it has them (auto, the default), or change nothing (ignore)"),

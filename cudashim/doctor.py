@@ -135,6 +135,7 @@ def doctor(settings) -> int:
     import torch
 
     from . import activation, patches
+    from .backends import cpu_speed
 
     out = sys.stdout.write
     out(f"cudashim {__version__}\n")
@@ -178,6 +179,7 @@ def doctor(settings) -> int:
             out(f"the truth about CUDA goes to: {', '.join(callers.honest_set(settings.honest_for))}; "
                 f"everyone else hears CUDA {settings.cuda_version}\n")
             out(f"the CUDA build they hear (--cuda-version): {build_line(settings.cuda_version, backend)}\n")
+            out(f"{cpu_speed.describe_profile(settings.host_profile)}\n")
             precision = activation.current_activation().precision
             if precision is not None:
                 out("precision:\n" + "".join(f"  {line}\n" for line in precision.describe()))

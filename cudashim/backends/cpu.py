@@ -177,11 +177,11 @@ class CPUBackend(HostStreams, Backend):
 
     def dtype_speeds(self):
         from . import cpu_speed
-        return cpu_speed.speeds()
+        return cpu_speed.speeds(self.settings.host_profile)
 
     def float16_matmul_choices(self):
         from . import cpu_speed
-        return cpu_speed.matmul_choices()
+        return cpu_speed.matmul_choices(self.settings.host_profile)
 
     def sdpa_backends(self) -> frozenset:
         from torch.nn.attention import SDPBackend

@@ -12,6 +12,9 @@ Where float16 is slow, what explicit float16 matmuls compute in is measured too
 (``matmul_choices``): each shape class timed in float16 as asked, in bfloat16 and in float32
 (weights converted once, as the policy keeps them), once per CPU, thread count and torch
 version, cached beside the speeds.
+
+A host profile (``--host-profile``, ``tables/host_profiles.py``) stands in for both
+measurements with the answers of the CPU it names, whatever this one is.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from typing import Dict, Tuple
 
 import torch
 
+from ..tables.host_profiles import MEASURED, PROFILES
+
 log = logging.getLogger(__name__)
 
 _X86 = ("x86_64", "amd64", "i386", "i686")
@@ -34,9 +39,23 @@ _CALIBRATION_SIZE = 192
 _FAST_WITHIN = 1.25          # a dtype at most this much slower than float32 is fast
 
 
+def describe_profile(profile: str) -> str:
+    """One line for ``cudashim doctor``: the host profile and torch's kernels in effect."""
+    capability = torch.backends.cpu.get_cpu_capability() if hasattr(torch.backends, "cpu") else "unknown"
+    pinned = os.environ.get("ATEN_CPU_CAPABILITY")
+    kernels = f"torch's kernels: {capability}" + (f" (ATEN_CPU_CAPABILITY={pinned})" if pinned else "")
+    if profile == MEASURED:
+        return f"host profile: measured on this CPU ({_flags_key() or 'no reduced-precision flags'}); {kernels}"
+    return f"host profile: {profile}, {PROFILES[profile][0]} (--host-profile); {kernels}"
+
+
 @functools.lru_cache(maxsize=None)
-def speeds() -> Tuple[Dict[torch.dtype, bool], str]:
+def speeds(profile: str = MEASURED) -> Tuple[Dict[torch.dtype, bool], str]:
     """({float16: fast?, bfloat16: fast?}, how that is known)."""
+    if profile != MEASURED:
+        _, fast, _ = PROFILES[profile]
+        return ({torch.float16: fast["float16"], torch.bfloat16: fast["bfloat16"]},
+                f"host profile '{profile}'")
     if platform.machine().lower() in _X86:
         return _from_instruction_set(), "from the CPU's instruction set"
     return _calibrated()
@@ -102,10 +121,15 @@ _PREFER_WITHIN = 1.05            # a more precise choice this close to the faste
 
 
 @functools.lru_cache(maxsize=None)
-def matmul_choices():
+def matmul_choices(profile: str = MEASURED):
     """What explicit float16 matmuls compute in on this CPU, by shape class (measured once per
-    CPU, thread count and torch version; cached)."""
+    CPU, thread count and torch version; cached), or on the host profile's CPU."""
     from ..precision import MatmulChoices
+    if profile != MEASURED:
+        _, _, choices = PROFILES[profile]
+        if choices is None:
+            return MatmulChoices.from_dtype_speeds(*speeds(profile))
+        return MatmulChoices(*choices, f"host profile '{profile}'")
     key = (f"{_cpu_model()} [{_flags_key()}], "
            f"{torch.get_num_threads()} threads, torch {torch.__version__}")
     path = cache_file("float16-matmuls.json")
