@@ -4,6 +4,8 @@ default, where the target computes float16 slowly, is tests/test_precision.py's.
 import pytest
 import torch
 
+pytestmark = pytest.mark.host          # autocast's dtype follows the precision policy
+
 
 @pytest.fixture
 def shim():

@@ -44,6 +44,7 @@ def _doctor(*options):
     return result.stdout
 
 
+@pytest.mark.host                   # the CPU's float16 autocast follows the precision policy
 def test_a_cuda_program_sees_cuda_with_memory_of_its_own(tmp_path):
     """Copies, pinned non-blocking transfers, events and streams, generators, AMP with a
     scaler, checkpoints saved on the device and loaded on the host and the other way,
@@ -87,6 +88,7 @@ def test_the_test_accelerator_faults_host_code_that_reads_device_memory_without_
     assert faulted.returncode == -11 and "read" not in faulted.stdout, faulted.stderr[-2000:]
 
 
+@pytest.mark.host                   # the CPU's float16 autocast follows the precision policy
 def test_the_gpt_example_trains_checkpoints_and_resumes_as_on_the_cpu(tmp_path):
     """Events time its steps; the checkpoint is saved on the device and restored."""
     def losses(target):

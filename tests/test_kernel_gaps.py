@@ -13,6 +13,8 @@ from conftest import python
 from cudashim.tables.dtype_gaps import GAPS
 from cudashim.kernels.gap_fill import compute_dtype
 
+pytestmark = pytest.mark.host          # the widened ops run on torch's kernels for this CPU
+
 # The reference computes in the widest dtype of the gap's kind.
 WIDEST = {torch.bool: torch.uint8, torch.float16: torch.float64, torch.bfloat16: torch.float64,
           **{d: torch.float64 for d in (

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, python
+from conftest import ROOT, host_profile, python
 
 pytest.importorskip("lightning")
 
@@ -100,7 +100,7 @@ def test_fsdp_on_two_gpus_shards_resumes_and_tests(tmp_path):
     _check(seen, world_size=2)
     assert seen["strategy"] == "FSDPStrategy" and seen["backend"] == "nccl"
     assert seen["same_weights"] and seen["trained"] and seen["test_loss"] < 10
-    reduced_matmul = PrecisionPolicy("auto", "auto", "cpu", *cpu_speed.speeds()).float32_matmul_precision
+    reduced_matmul = PrecisionPolicy("auto", "auto", "cpu", *cpu_speed.speeds(host_profile())).float32_matmul_precision
     assert ("has Tensor Cores" in printed) == (reduced_matmul is not None)
 
 

@@ -8,6 +8,8 @@ import torch.nn.functional as F
 
 from conftest import python
 
+pytestmark = pytest.mark.host          # the precision policy follows the host's dtype speeds
+
 HALF, BF16 = torch.float16, torch.bfloat16
 SLOW_BOTH = {HALF: False, BF16: False}          # this machine's kind: AVX2, no BF16/FP16 units
 FAST_BF16 = {HALF: False, BF16: True}           # AVX512_BF16 or AMX without FP16
@@ -106,8 +108,8 @@ def speeds(monkeypatch):
         choice for both shape classes, from ``fast``)."""
         from cudashim.precision import MatmulChoices
         chosen = matmuls or MatmulChoices.from_dtype_speeds(fast, "test")
-        monkeypatch.setattr(cpu_speed, "speeds", lambda: (fast, "test"))
-        monkeypatch.setattr(cpu_speed, "matmul_choices", lambda: chosen)
+        monkeypatch.setattr(cpu_speed, "speeds", lambda profile: (fast, "test"))
+        monkeypatch.setattr(cpu_speed, "matmul_choices", lambda profile: chosen)
         cudashim.activate("cpu", **options)
         return cudashim
     yield activate
@@ -436,16 +438,43 @@ def test_tf32_flags_change_nothing_where_there_is_no_equivalent_or_when_told(spe
     torch.set_float32_matmul_precision("highest")
 
 
-def test_doctor_says_how_fast_each_dtype_is_and_what_requests_become():
-    result = python("-c", "from cudashim.cli import main; main()", "doctor", "--amp-dtype", "as-asked")
+@pytest.mark.parametrize("profile", ["measured", "slow", "bfloat16", "fast"])
+def test_doctor_says_how_fast_each_dtype_is_and_what_requests_become(profile):
+    """Measured: what this CPU's instruction set says; a host profile: that CPU's speeds,
+    whatever this one is, named on doctor's host line."""
+    result = python("-c", "from cudashim.cli import main; main()", "doctor", "--amp-dtype", "as-asked",
+                    "--host-profile", profile)
     assert result.returncode == 0, result.stdout + result.stderr
     from cudashim.backends import cpu_speed
-    fast, _ = cpu_speed.speeds()
+    fast, _ = cpu_speed.speeds(profile)
     speed = {True: "fast", False: "slow (emulated)"}
     assert f"float16: {speed[fast[HALF]]}, bfloat16: {speed[fast[BF16]]}" in result.stdout
     assert "CUDA autocast: float16 runs in float16, bfloat16 in bfloat16 (--amp-dtype as-asked; " \
         "also autocast on 'cpu' itself)" in result.stdout
     assert "explicit float16 matmuls: as they are" in result.stdout
+    host_line = next(line for line in result.stdout.splitlines() if line.startswith("host profile: "))
+    assert host_line.startswith(f"host profile: {profile}") and "torch's kernels: " in host_line
+
+
+def test_the_host_profiles_stand_for_the_cpus_they_name():
+    from cudashim.backends import cpu_speed
+    from cudashim.precision import AS_ASKED, BFLOAT16, FLOAT32
+    assert cpu_speed.speeds("fast")[0] == FAST_BOTH
+    assert cpu_speed.speeds("bfloat16")[0] == FAST_BF16
+    assert cpu_speed.speeds("slow")[0] == SLOW_BOTH
+    assert cpu_speed.matmul_choices("fast").for_rows(1) == AS_ASKED
+    bf16, slow = cpu_speed.matmul_choices("bfloat16"), cpu_speed.matmul_choices("slow")
+    assert (bf16.for_rows(2), bf16.for_rows(256)) == (AS_ASKED, BFLOAT16)
+    assert (slow.for_rows(4), slow.for_rows(5)) == (AS_ASKED, FLOAT32)
+
+
+@pytest.mark.parametrize("profile, runs_in", [("slow", None), ("bfloat16", BF16), ("fast", HALF)])
+def test_a_host_profile_decides_what_float16_autocast_runs_in(profile, runs_in):
+    import cudashim
+    with cudashim.activated("cpu", host_profile=profile):
+        with torch.autocast("cuda", dtype=HALF):
+            out = torch.ones(2, 2, device="cuda") @ torch.ones(2, 2, device="cuda")
+    assert out.dtype == (runs_in or torch.float32)
 
 
 def test_doctor_shows_the_float16_matmul_table_it_measured(tmp_path):
@@ -454,7 +483,7 @@ def test_doctor_shows_the_float16_matmul_table_it_measured(tmp_path):
     from cudashim.backends import cpu_speed
     if cpu_speed.speeds()[0][HALF]:
         pytest.skip("float16 is fast on this CPU: nothing is measured")
-    doctor = [python("-c", "from cudashim.cli import main; main()", "doctor",
+    doctor = [python("-c", "from cudashim.cli import main; main()", "doctor", "--host-profile", "measured",
                      env={"XDG_CACHE_HOME": str(tmp_path)}) for _ in range(2)]
     assert all(result.returncode == 0 for result in doctor), doctor[0].stdout + doctor[0].stderr
     cached = json.loads((tmp_path / "cudashim" / "float16-matmuls.json").read_text())
