@@ -3,9 +3,14 @@
 - ``console`` blocks: each ``$`` line runs in bash, in a folder holding the fixture programs
   of ``tests/docs/``, with this interpreter's environment first on PATH; its output (stdout and
   stderr, as a terminal shows them) must match the lines below it. A line ``...`` stands for
-  any number of lines, ``...`` within a line for any text. A command must exit 0.
+  any number of lines, ``...`` within a line for any text. A number with a fractional part
+  (``loss 0.196``) matches any printed within ``NUMBER_TOLERANCE`` of it: hosts round the same
+  training differently (AVX-512 sums in another order than AVX2, a CPU with fast bfloat16 runs
+  float16 autocast in it), and the docs must hold on every host. A command must exit 0.
 - A block after ``<!-- docs-test: sandbox -->`` runs in a fresh copy of the checkout, with a
   virtual environment of its own that sees this environment's packages (torch) beneath its own.
+  Variables after the word (``<!-- docs-test: fixtures CUDASHIM_HOST_PROFILE=slow -->``) are set
+  for the block's commands: what the output shows of the host, the block names.
 - ``python`` blocks run in a fresh interpreter and must exit 0.
 - The ``dockerfile`` block's ENV lines are what ``cudashim image-env --dockerfile`` prints.
 - The README's first block (the two commands) is what CI runs: ``test_project.py`` holds it.
@@ -25,7 +30,8 @@ from conftest import ROOT, python
 
 DOCS = ("README.md", "CONTRIBUTING.md")
 FIXTURES = ROOT / "tests" / "docs"
-BLOCK = re.compile(r"(?:<!-- docs-test: (\w+) -->\n)?```(\w*)\n(.*?)```", re.S)
+# <!-- docs-test: WHERE [NAME=value ...] -->: where the block runs, and variables it runs with
+BLOCK = re.compile(r"(?:<!-- docs-test: (\w+)((?: \w+=\S+)*) -->\n)?```(\w*)\n(.*?)```", re.S)
 
 
 def _blocks(language):
@@ -33,10 +39,12 @@ def _blocks(language):
     for doc in DOCS:
         text = (ROOT / doc).read_text()
         for match in BLOCK.finditer(text):
-            if match.group(2) == language:
-                line = text.count("\n", 0, match.start(2)) + 1
-                marks = [pytest.mark.slow] if match.group(1) == "sandbox" else []
-                found.append(pytest.param(match.group(1), match.group(3), id=f"{doc}:{line}", marks=marks))
+            if match.group(3) == language:
+                line = text.count("\n", 0, match.start(3)) + 1
+                marks = [pytest.mark.slow] if match.group(1) == "sandbox" else [pytest.mark.host]
+                variables = dict(pair.split("=", 1) for pair in (match.group(2) or "").split())
+                found.append(pytest.param(match.group(1), match.group(4), variables, id=f"{doc}:{line}",
+                                          marks=marks))
     return found
 
 
@@ -53,25 +61,44 @@ def _commands(block):
     return steps
 
 
+NUMBER_TOLERANCE = 0.01          # relative
+# A decimal fraction standing alone: not part of a version (0.1.0) or a name (cp311).
+DECIMAL = re.compile(r"(?<![\w.])-?\d+\.\d+(?![\w.])")
+
+
+def _literal(text, numbers):
+    """``text`` as a pattern in which each decimal fraction is a group, its value kept."""
+    parts, end = [], 0
+    for number in DECIMAL.finditer(text):
+        parts += [re.escape(text[end:number.start()]), r"(-?\d+\.\d+)"]
+        numbers.append(float(number.group()))
+        end = number.end()
+    return "".join(parts) + re.escape(text[end:])
+
+
 def _pattern(expected_lines):
-    parts = []
+    """The pattern of the expected lines, and the numbers its groups must come close to."""
+    parts, numbers = [], []
     for line in expected_lines:
         if line == "...":
             parts.append(r"(?:[^\n]*\n)*?")
         else:
-            parts.append(".*?".join(map(re.escape, line.rstrip().split("..."))) + r"\n")
-    return re.compile("".join(parts))
+            parts.append(".*?".join(_literal(piece, numbers) for piece in line.rstrip().split("...")) + r"\n")
+    return re.compile("".join(parts)), numbers
 
 
 def matches(expected_lines, output):
     text = "".join(line.rstrip() + "\n" for line in output.splitlines())
-    return _pattern(expected_lines).fullmatch(text) is not None
+    pattern, numbers = _pattern(expected_lines)
+    found = pattern.fullmatch(text)
+    return found is not None and all(abs(float(got) - want) <= NUMBER_TOLERANCE * abs(want)
+                                     for got, want in zip(found.groups(), numbers))
 
 
-def _environment(bin_dir):
+def _environment(bin_dir, variables):
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("CUDASHIM_", "PYTHON", "PYTEST", "COV_"))}
-    env.update(PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", PYTHONUNBUFFERED="1")
+    env.update(PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", PYTHONUNBUFFERED="1", **variables)
     return env
 
 
@@ -98,14 +125,14 @@ def _fixtures(tmp_path):
     return folder, Path(sys.executable).parent
 
 
-@pytest.mark.parametrize("where, block", _blocks("console"))
-def test_console_block(where, block, tmp_path):
+@pytest.mark.parametrize("where, block, variables", _blocks("console"))
+def test_console_block(where, block, variables, tmp_path):
     if where == "sandbox":
         cwd, bin_dir = _sandbox(tmp_path)
     else:
         assert where in (None, "fixtures"), f"unknown docs-test marker {where!r}"
         cwd, bin_dir = _fixtures(tmp_path)
-    env = _environment(bin_dir)
+    env = _environment(bin_dir, variables)
     for command, expected in _commands(block):
         result = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, timeout=600)
@@ -114,8 +141,8 @@ def test_console_block(where, block, tmp_path):
         assert matches(expected, output), f"$ {command}\nexpected:\n" + "\n".join(expected) + f"\ngot:\n{output}"
 
 
-@pytest.mark.parametrize("where, block", _blocks("python"))
-def test_python_block(where, block, tmp_path):
+@pytest.mark.parametrize("where, block, variables", _blocks("python"))
+def test_python_block(where, block, variables, tmp_path):
     script = tmp_path / "block.py"
     script.write_text(block)
     result = python(str(script), cwd=tmp_path)
@@ -123,7 +150,7 @@ def test_python_block(where, block, tmp_path):
 
 
 def test_the_dockerfile_sets_what_image_env_prints():
-    (_, block), = [param.values for param in _blocks("dockerfile")]
+    (_, block, _), = [param.values for param in _blocks("dockerfile")]
     shown = [line.split(" ", 1)[1] for line in block.splitlines() if line.startswith("ENV ")]
     result = python("-c", "from cudashim.cli import main; main()", "image-env", "--dockerfile", cwd=FIXTURES)
     assert result.returncode == 0, result.stderr
@@ -138,7 +165,7 @@ def test_the_dockerfile_sets_what_image_env_prints():
 def test_no_command_escapes_this_test():
     """Commands are shown only in blocks this file runs; the README's first block is CI's."""
     for doc in DOCS:
-        languages = [match.group(2) for match in BLOCK.finditer((ROOT / doc).read_text())]
+        languages = [match.group(3) for match in BLOCK.finditer((ROOT / doc).read_text())]
         if doc == "README.md":
             assert languages[0] == "bash"
             languages = languages[1:]
@@ -148,4 +175,13 @@ def test_no_command_escapes_this_test():
 def test_the_matcher_tells_a_difference():
     assert matches(["a ... c", "...", "z"], "a b c\nx\ny\nz\n")
     assert not matches(["a ... c", "z"], "a b c\nx\nz\n")
-    assert not matches(["epoch 0: loss 10.596"], "epoch 0: loss 10.597\n")
+    assert not matches(["epoch 0: loss"], "epoch 0: loss 0.196\n")
+
+
+def test_the_matcher_takes_numbers_to_their_tolerance_and_nothing_else():
+    assert matches(["epoch 0: loss 0.196"], "epoch 0: loss 0.195\n")      # another host's rounding
+    assert matches(["loss 10.596 ... 9.217"], "loss 10.595 then 9.216\n")
+    assert not matches(["epoch 0: loss 0.196"], "epoch 0: loss 0.199\n")  # 1.5%: another result
+    assert not matches(["epoch 0: loss 0.196"], "epoch 1: loss 0.196\n")  # whole numbers are text
+    assert not matches(["cudashim-0.1.0.tar.gz"], "cudashim-0.1.1.tar.gz\n")   # versions are text
+    assert not matches(["1.5x"], "1.5y\n")
