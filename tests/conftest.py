@@ -5,73 +5,52 @@ import importlib
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PARENT_PID = os.getpid()
-# The one cudashim variable a test run hands on to the interpreters it starts: the suite's
-# second pass (``pytest --pure-python``) runs everything on the pure-Python wrappers.
-PURE_PYTHON = "CUDASHIM_PURE_PYTHON"
+pytest_plugins = ("suite_run",)        # how the suite runs: options, order, builds, heartbeat
+# The cudashim variables a test run hands on to the interpreters it starts (suite_run sets them
+# from --pure-python and --host-profile).
+PASSED_ON = ("CUDASHIM_PURE_PYTHON", "CUDASHIM_HOST_PROFILE")
 
 
-def pytest_addoption(parser):
-    parser.addoption("--pure-python", action="store_true",
-                     help="run cudashim's pure-Python wrappers and kernels, not the compiled ones")
+def host_profile() -> str:
+    """The host profile this run's programs see (``--host-profile``; by default measured)."""
+    from cudashim._settings import load
+    return load().host_profile
 
 
-@pytest.hookimpl(trylast=True)          # after the terminal reporter exists
-def pytest_configure(config):
-    if config.getoption("--pure-python"):
-        os.environ[PURE_PYTHON] = "1"
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None and not hasattr(config, "workerinput"):    # xdist's workers print nothing
-        config.pluginmanager.register(Heartbeat(reporter), "cudashim-heartbeat")
+def once(tmp_path_factory, name, make):
+    """``make(folder)`` run once for the whole test session (all xdist workers), its folder
+    shared: a reference run that several tests compare with serves them all."""
+    import fcntl
+    shared = tmp_path_factory.getbasetemp().parent / f"once-{name}"
+    shared.mkdir(exist_ok=True)
+    with open(shared.parent / f"once-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (shared / "done").exists():
+            make(shared)
+            (shared / "done").write_text("")
+    return shared
 
 
-class Heartbeat:
-    """A line when the suite has printed nothing for a while, naming the tests still running:
-    a long end-to-end test reads differently from a hung one, and a CI log never goes quiet."""
-    QUIET = 45.0                                     # seconds without a line before one
-
-    def __init__(self, reporter):
-        import threading
-        self.reporter = reporter
-        self.running = {}                            # node id -> when it started
-        self.last_line = time.monotonic()
-        self.lock = threading.Lock()
-        self.stopped = threading.Event()
-        threading.Thread(target=self._beat, name="heartbeat", daemon=True).start()
-
-    def pytest_runtest_logstart(self, nodeid):
-        with self.lock:
-            self.running[nodeid] = time.monotonic()
-
-    def pytest_runtest_logreport(self, report):
-        with self.lock:
-            self.last_line = time.monotonic()
-            if report.when == "teardown":
-                self.running.pop(report.nodeid, None)
-
-    def pytest_unconfigure(self):
-        self.stopped.set()
-
-    def _beat(self):
-        while not self.stopped.wait(5.0):
-            now = time.monotonic()
-            with self.lock:
-                if now - self.last_line < self.QUIET or not self.running:
-                    continue
-                self.last_line = now
-                running = sorted(self.running.items(), key=lambda item: item[1])
-            names = ", ".join(f"{nodeid} ({now - started:.0f} s)" for nodeid, started in running)
-            self.reporter.write_line(f"... still running: {names}")
+@pytest.fixture
+def one_rank_ddp(tmp_path_factory):
+    """tests/programs/ddp_train.py on one rank with the batch two ranks of 8 share: the weights
+    (on the host) every two-rank layout of it must equal."""
+    def make(folder):
+        result = torchrun("tests/programs/ddp_train.py", "--batch-size", "16", "--out", str(folder / "one.pt"),
+                          nproc=1, timeout=240)
+        assert result.returncode == 0, result.stderr[-3000:]
+    import torch
+    return torch.load(once(tmp_path_factory, "one-rank-ddp", make) / "one.pt")
 
 
 def _clean_env():
-    return {k: v for k, v in os.environ.items() if not k.startswith("CUDASHIM_") or k == PURE_PYTHON}
+    return {k: v for k, v in os.environ.items() if not k.startswith("CUDASHIM_") or k in PASSED_ON}
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from conftest import ROOT, python, torchrun
+from conftest import ROOT, free_port, python, torchrun
 
 pytest.importorskip("accelerate")
 
@@ -19,7 +19,8 @@ TWO_DEVICES = {"CUDASHIM_DEVICE_COUNT": "2"}
 
 def _launch(tmp_path, *options):
     out = tmp_path / "out.json"
-    result = python(*LAUNCH, *options, PROGRAM, "--checkpoint", str(tmp_path / "checkpoints"), "--out", str(out),
+    # a port of its own: accelerate's default (torch's 29500) is every other launcher's too
+    result = python(*LAUNCH, "--main_process_port", str(free_port()), *options, PROGRAM, "--checkpoint", str(tmp_path / "checkpoints"), "--out", str(out),
                     env=TWO_DEVICES)
     assert result.returncode == 0, result.stderr[-4000:]
     seen = json.loads(out.read_text())
@@ -59,13 +60,13 @@ def training_function():
     print(f"rank {accelerator.process_index}: {accelerator.distributed_type} {accelerator.device} "
           f"{ranks.item()} {accelerator.native_amp}")
 
-notebook_launcher(training_function, num_processes=2)
+notebook_launcher(training_function, num_processes=2, use_port="{port}")
 '''
 
 
 def test_notebook_launcher_forks_two_ranks(tmp_path):
     program = tmp_path / "notebook.py"
-    program.write_text(NOTEBOOK)
+    program.write_text(NOTEBOOK.replace("{port}", str(free_port())))     # not the default 29500: see _launch
     result = python("-m", "cudashim", str(program), env=TWO_DEVICES)
     assert result.returncode == 0, result.stderr[-4000:]
     for rank in (0, 1):

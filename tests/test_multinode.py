@@ -2,7 +2,6 @@
 with its own address and host name (tests/cluster.py), as torchrun, Slurm and job scripts
 written for NCCL launch them; and the faults a multi-node job must survive or end on."""
 
-import fcntl
 import json
 import sys
 from pathlib import Path
@@ -11,7 +10,7 @@ import pytest
 import torch
 
 import cluster
-from conftest import ROOT, _clean_env, torchrun
+from conftest import ROOT, _clean_env, once, torchrun
 
 pytestmark = pytest.mark.skipif(cluster.why_not() is not None, reason=str(cluster.why_not()))
 
@@ -50,19 +49,6 @@ def run_cluster(commands, **options):
 
 def trainer_args(where: Path, *extra):
     return [TRAINER, "--snapshot", str(where / "snapshot.pt"), "--out", str(where / "final.pt"), *extra]
-
-
-def once(tmp_path_factory, name, make):
-    """``make(folder)`` run once for the whole test session (all xdist workers), its folder
-    shared: reference runs every test compares with."""
-    shared = tmp_path_factory.getbasetemp().parent / f"once-{name}"
-    shared.mkdir(exist_ok=True)
-    with open(shared.parent / f"once-{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (shared / "done").exists():
-            make(shared)
-            (shared / "done").write_text("")
-    return shared
 
 
 @pytest.fixture
