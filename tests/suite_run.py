@@ -8,7 +8,8 @@ test fails.
   machine (kept under the suite's cache): two workers then end on short tests together instead
   of one idling while the other finishes a long run. A test no run measured yet starts first.
 - Torch's extension builds (the test accelerator, DeepSpeed's CPU ops) and inductor's compiled
-  code are kept between environments and runs, keyed by what they are built from.
+  code are kept between environments and runs, keyed by what they are built from (torch, Python,
+  machine; for inductor, torch's kernels too).
 """
 
 import json
@@ -50,7 +51,10 @@ def pytest_configure(config):
         builds = suite_cache() / "builds" / (
             f"torch-{_torch_version()}-py{sys.version_info[0]}{sys.version_info[1]}-{platform.machine()}")
         os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extension_builds(builds / "extensions")))
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(builds / "inductor"))
+        # Inductor's cache does not key its code by torch's kernels: code made for AVX-512 and
+        # read under ATEN_CPU_CAPABILITY=default fails to compile. A folder for each.
+        kernels = os.environ.get("ATEN_CPU_CAPABILITY") or "native"
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(builds / f"inductor-{kernels}"))
     if config.getoption("--pure-python"):
         os.environ[PURE_PYTHON] = "1"
     if config.getoption("--host-profile"):
