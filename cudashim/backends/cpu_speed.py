@@ -122,13 +122,15 @@ _PREFER_WITHIN = 1.05            # a more precise choice this close to the faste
 
 @functools.lru_cache(maxsize=None)
 def matmul_choices(profile: str = MEASURED):
-    """What explicit float16 matmuls compute in on this CPU, by shape class (measured once per
-    CPU, thread count and torch version; cached), or on the host profile's CPU."""
+    """What explicit float16 matmuls compute in on this CPU, by shape class, or on the host
+    profile's CPU: as asked where float16 is fast; else measured once per CPU, thread count and
+    torch version (cached)."""
     from ..precision import MatmulChoices
+    fast, how_known = speeds(profile)
+    if fast[torch.float16]:                  # float16 as asked: nothing to choose, nothing to time
+        return MatmulChoices.from_dtype_speeds(fast, how_known)
     if profile != MEASURED:
         _, _, choices = PROFILES[profile]
-        if choices is None:
-            return MatmulChoices.from_dtype_speeds(*speeds(profile))
         return MatmulChoices(*choices, f"host profile '{profile}'")
     key = (f"{_cpu_model()} [{_flags_key()}], "
            f"{torch.get_num_threads()} threads, torch {torch.__version__}")
