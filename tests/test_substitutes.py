@@ -438,9 +438,10 @@ def test_apex_amp_scales_the_loss_and_skips_a_step_that_overflowed(shim):
     assert torch.equal(model.weight, before), "a step with inf gradients must be skipped"
     assert amp.state_dict()["loss_scaler0"]["loss_scale"] == 2 ** 15
     optimizer.zero_grad()
-    # Inputs under 1/4: the weight's float16 gradient at 2 ** 15 stays under float16's 65504,
-    # as it must for a step to be taken where O1's linear computes in float16.
-    loss = model(torch.rand(2, 4, device="cuda") / 4).float().sum()
+    # One row of inputs under 1: the bias's and the weight's float16 gradients at 2 ** 15 stay
+    # under float16's 65504, as they must for a step to be taken where O1's linear computes in
+    # float16, as on CUDA (two rows would sum the bias's to 65536: inf, and the step skipped).
+    loss = model(torch.rand(1, 4, device="cuda")).float().sum()
     with amp.scale_loss(loss, optimizer) as scaled:
         assert float(scaled) == float(loss) * 2 ** 15           # the loss goes in scaled
         scaled.backward()
