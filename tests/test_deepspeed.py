@@ -166,10 +166,13 @@ def test_the_multi_node_runner_with_a_hostfile_across_two_nodes(tmp_path):
               PROGRAM, "--stage", "2", "--checkpoint", str(tmp_path / "checkpoints"), "--out", str(out)]
     environ = _clean_env()
     environ["PATH"] = f"{FAKES / 'bin'}:{environ['PATH']}"
-    # what a job hands its nodes beside DeepSpeed's exports: here, where the ops are built
+    # What a job hands its nodes beside DeepSpeed's exports: where the ops are built, and the
+    # job's PATH, so that the nodes build them with the job's ninja. A login PATH finds another
+    # one (the system's 1.11 beside the environment's 1.13), whose log reads every command as
+    # changed: each switch rebuilt the ops (about 90 s here).
     environ["DS_ENV_FILE"] = str(tmp_path / "deepspeed_env")
-    (tmp_path / "deepspeed_env").write_text(f"TORCH_EXTENSIONS_DIR={environ.get('TORCH_EXTENSIONS_DIR', '')}\n"
-                                            if environ.get("TORCH_EXTENSIONS_DIR") else "")
+    exports = {name: environ[name] for name in ("TORCH_EXTENSIONS_DIR", "PATH") if environ.get(name)}
+    (tmp_path / "deepspeed_env").write_text("".join(f"{name}={value}\n" for name, value in exports.items()))
     run = cluster.run([cluster.Command(0, runner, env={"NCCL_SOCKET_IFNAME": cluster.INTERFACE,
                                                        "CUDASHIM_REPORT_JSON": str(tmp_path / "report.json")},
                                        cwd=str(ROOT))], environ=environ, timeout=BUILDS)
