@@ -661,9 +661,12 @@ def test_trained_parameters_are_kept_only_while_no_gradient_is_recorded_and_unti
 
 
 def test_measuring_the_float16_matmuls_leaves_the_programs_random_numbers_alone(monkeypatch, tmp_path):
-    """The measurement runs at activation, inside the user's program: its generator is its own."""
+    """The measurement runs at activation, inside the user's program: its generator is its own.
+    It runs where float16 is slow: this CPU's speeds are those of one that emulates it."""
     from cudashim.backends import cpu_speed
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(cpu_speed, "speeds", lambda profile: ({torch.float16: False, torch.bfloat16: False},
+                                                              "a CPU that emulates float16"))
     cpu_speed.matmul_choices.cache_clear()
     torch.manual_seed(1234)
     before = torch.random.get_rng_state()
