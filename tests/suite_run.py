@@ -7,11 +7,13 @@ test fails.
 - Tests start longest first, by the durations the last run of the same pass measured on this
   machine (kept under the suite's cache): two workers then end on short tests together instead
   of one idling while the other finishes a long run. A test no run measured yet starts first.
-- Torch's extension builds (the test accelerator, DeepSpeed's CPU ops) and inductor's compiled
-  code are kept between environments and runs, keyed by what they are built from (torch, Python,
-  machine; for inductor, torch's kernels too).
+- Torch's extension builds (the test accelerator, DeepSpeed's CPU ops) are kept between runs,
+  keyed by what they are built from (torch, Python, machine and the environment whose torch and
+  ninja build them); inductor's compiled code between environments and runs (keyed by torch,
+  Python, machine and torch's kernels).
 """
 
+import hashlib
 import json
 import os
 import platform
@@ -50,7 +52,8 @@ def pytest_configure(config):
     if _is_controller(config):          # before xdist's workers start: they inherit all of it
         builds = suite_cache() / "builds" / (
             f"torch-{_torch_version()}-py{sys.version_info[0]}{sys.version_info[1]}-{platform.machine()}")
-        os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extension_builds(builds / "extensions")))
+        os.environ.setdefault("TORCH_EXTENSIONS_DIR",
+                              str(extension_builds(builds / f"extensions-{_environment_key()}")))
         # Inductor's cache does not key its code by torch's kernels: code made for AVX-512 and
         # read under ATEN_CPU_CAPABILITY=default fails to compile. A folder for each.
         kernels = os.environ.get("ATEN_CPU_CAPABILITY") or "native"
@@ -78,10 +81,20 @@ def _torch_version() -> str:
     return version("torch")
 
 
+def _environment_key() -> str:
+    """The environment the extension builds are for. Their build commands name its torch's
+    headers and libraries, and its ninja runs them: environments sharing one folder rebuilt
+    each extension in turn (py, hosts, frameworks; a checkout in another folder), as ninja
+    reads every command as changed. Inductor's cache needs no key: it files code by a hash of
+    its source and command."""
+    digest = hashlib.sha1(os.path.realpath(sys.prefix).encode()).hexdigest()[:8]
+    return f"{Path(sys.prefix).name}-{digest}"
+
+
 def extension_builds(folder: Path) -> Path:
     """``folder`` made, with the locks of killed builds in it cleared. Torch rebuilds an
     extension in it when its sources or flags change (it hashes them), and the folder's name
-    holds the torch, Python and machine the builds are for."""
+    holds the torch, Python, machine and environment the builds are for."""
     folder.mkdir(parents=True, exist_ok=True)
     for lock in folder.glob("*/lock"):
         try:

@@ -8,7 +8,7 @@ import sys
 from conftest import ROOT
 
 TESTS = '''
-import os, time
+import os, sys, time
 
 def test_quick():
     pass
@@ -18,6 +18,9 @@ def test_slow():
 
 def test_fails():
     assert os.environ["TORCH_EXTENSIONS_DIR"].startswith(os.environ["XDG_CACHE_HOME"]), "no cache"
+    # each environment builds its own: the build commands name its torch and its ninja
+    builds = os.path.basename(os.environ["TORCH_EXTENSIONS_DIR"])
+    assert builds.startswith("extensions-" + os.path.basename(sys.prefix) + "-"), builds
     assert False, "as asked"
 '''
 
