@@ -81,6 +81,18 @@ def test_the_cpu_speed_comes_from_the_instruction_set_on_x86():
     assert fast[BF16] == bf16
 
 
+def test_a_torch_without_the_cpu_probes_is_answered_by_the_cpus_flags(monkeypatch):
+    """torch 2.5 has no torch.cpu._is_amx_fp16_supported: activation must not die on it. The
+    flags stand in for each probe, here given the flags of a CPU with AMX (bfloat16, not float16)."""
+    from cudashim.backends import cpu_speed
+    for probe in cpu_speed._PROBES.values():
+        monkeypatch.delattr(torch.cpu, probe, raising=False)
+    monkeypatch.setattr(cpu_speed, "_cpu_flags", lambda: "flags\t: fpu avx2 amx_tile amx_bf16")
+    assert cpu_speed._from_instruction_set() == FAST_BF16
+    monkeypatch.setattr(cpu_speed, "_cpu_flags", lambda: "flags\t: fpu avx2 avx512_fp16 avx512_bf16")
+    assert cpu_speed._from_instruction_set() == {HALF: True, BF16: True}
+
+
 def test_elsewhere_a_calibration_runs_once_and_is_cached(monkeypatch, tmp_path):
     from cudashim.backends import cpu_speed
     monkeypatch.setattr(cpu_speed.platform, "machine", lambda: "aarch64")

@@ -61,10 +61,22 @@ def speeds(profile: str = MEASURED) -> Tuple[Dict[torch.dtype, bool], str]:
     return _calibrated()
 
 
+# torch.cpu's private probes and the /proc/cpuinfo flag each stands for: a torch without a probe
+# (torch 2.5 has no _is_amx_fp16_supported) is answered by the flag.
+_PROBES = {"avx512_bf16": "_is_avx512_bf16_supported", "amx_tile": "_is_amx_tile_supported",
+           "amx_fp16": "_is_amx_fp16_supported"}
+
+
+def _has(feature: str) -> bool:
+    probe = getattr(torch.cpu, _PROBES[feature], None)
+    if probe is not None:
+        return bool(probe())
+    return feature in _cpu_flags().split()
+
+
 def _from_instruction_set() -> Dict[torch.dtype, bool]:
-    cpu = torch.cpu
-    bfloat16 = cpu._is_avx512_bf16_supported() or cpu._is_amx_tile_supported()
-    float16 = cpu._is_amx_fp16_supported() or "avx512_fp16" in _cpu_flags()
+    bfloat16 = _has("avx512_bf16") or _has("amx_tile")
+    float16 = _has("amx_fp16") or "avx512_fp16" in _cpu_flags().split()
     return {torch.float16: bool(float16), torch.bfloat16: bool(bfloat16)}
 
 
