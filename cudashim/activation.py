@@ -57,8 +57,16 @@ class Activation:
             self.report.count(api, became)
 
     def replace(self, owner, name: str, make: Callable[[Any], Any]):
-        """Patch ``owner.name`` with ``make(original)``; return the replacement."""
-        replacement = make(wrapt.resolve_path(owner, name)[2])
+        """Patch ``owner.name`` with ``make(original)``; return the replacement. A name this
+        torch release lacks (a public API newer than it) is no API a program can call: it is
+        left alone, as the rewriter leaves its absent targets, and None is returned."""
+        try:
+            original = wrapt.resolve_path(owner, name)[2]
+        except AttributeError:
+            log.debug("cudashim: %s.%s is absent in this torch; not patched",
+                      getattr(owner, "__name__", owner), name)
+            return None
+        replacement = make(original)
         self.registry.set_attr(owner, name, replacement)
         return replacement
 

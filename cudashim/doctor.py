@@ -134,13 +134,14 @@ def _accelerator_kernels(device_type: str, out) -> None:
 def doctor(settings) -> int:
     import torch
 
-    from . import activation, patches
+    from . import activation, patches, torch_range
     from .backends import cpu_speed
 
     out = sys.stdout.write
     out(f"cudashim {__version__}\n")
     out(f"python {platform.python_version()} on {platform.platform()}\n")
-    out(f"torch {torch.__version__} (built with CUDA: {torch.version.cuda or 'no'})\n")
+    out(f"torch {torch.__version__} (built with CUDA: {torch.version.cuda or 'no'}): "
+        f"{torch_range.describe(torch.__version__)}\n")
     try:
         backends.load_devices(settings)
     except BackendUnavailableError as exc:

@@ -34,6 +34,8 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
+from . import torch_names
+
 AS_ASKED, BFLOAT16, FLOAT32 = "as-asked", "bfloat16", "float32"
 # What each choice computes a float16 request in; None: autocast off (float32).
 _AUTOCAST_DTYPE = {AS_ASKED: torch.float16, BFLOAT16: torch.bfloat16, FLOAT32: None}
@@ -139,6 +141,8 @@ class PrecisionPolicy:
         bfloat16 fast; None where the target has no reduced-precision float32 matmul."""
         if self.tf32 != "auto" or self.device_type != "cpu":
             return None
+        if not torch_names.has("torch.backends.mkldnn.matmul.fp32_precision"):
+            return None                 # a torch without oneDNN's float32 precision setting
         return "bf16" if self.fast.get(torch.bfloat16, False) else None
 
     def describe(self) -> List[str]:

@@ -89,6 +89,7 @@ def test_the_test_accelerator_faults_host_code_that_reads_device_memory_without_
 
 
 @pytest.mark.host                   # the CPU's float16 autocast follows the precision policy
+@pytest.mark.torch_range
 def test_the_gpt_example_trains_checkpoints_and_resumes_as_on_the_cpu(tmp_path):
     """Events time its steps; the checkpoint is saved on the device and restored."""
     def losses(target):
@@ -105,6 +106,7 @@ def test_the_gpt_example_trains_checkpoints_and_resumes_as_on_the_cpu(tmp_path):
         assert on_target[-1] < on_target[0]
 
 
+@pytest.mark.torch_range
 def test_ddp_on_two_ranks_trains_as_on_the_cpu(tmp_path):
     """NCCL becomes the target's library (collectives staged through host memory on vulkan,
     shimccl on the test accelerator); each rank's set_device(local_rank) lands on its device

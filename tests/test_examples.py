@@ -31,7 +31,8 @@ def _best_port_options(profile):
     # by default: float16 and TF32 mean the target's fast dtypes, named by the host profile: on a
     # CPU that emulates both, float16 autocast runs in float32; where bfloat16 is fast, in
     # bfloat16, with TF32 as oneDNN's bfloat16 matmuls
-    ("examples/gpt.py", "tests/ported/gpt_ported.py", ["--steps", "25"], "auto", "slow"),
+    pytest.param("examples/gpt.py", "tests/ported/gpt_ported.py", ["--steps", "25"], "auto", "slow",
+                 marks=pytest.mark.torch_range),
     ("examples/gpt.py", "tests/ported/gpt_ported.py", ["--steps", "25"], "auto", "bfloat16"),
     ("examples/cnn.py", "tests/ported/cnn_ported.py", ["--epochs", "2"], "auto", "slow"),
 ])

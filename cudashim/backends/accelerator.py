@@ -19,6 +19,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from .. import torch_names
 from ..errors import invalid_device_ordinal, warn_once
 from ..job_layout import local_world_size
 from . import host, staged
@@ -44,7 +45,13 @@ class AcceleratorBackend(Backend):
 
     @staticmethod
     def accelerator_type() -> Optional[str]:
-        accelerator = torch.accelerator.current_accelerator()
+        current_accelerator = torch_names.get("torch.accelerator.current_accelerator", None)
+        if current_accelerator is None:
+            # torch before 2.6: the out-of-tree device a vendor's extension registered, by the
+            # name it gave PrivateUse1, where it registered a device module under that name.
+            name = torch._C._get_privateuse1_backend_name()
+            return name if name != "privateuseone" and hasattr(torch, name) else None
+        accelerator = current_accelerator()
         return None if accelerator is None else accelerator.type
 
     @classmethod
@@ -196,6 +203,7 @@ class AcceleratorBackend(Backend):
         try:                                       # the device module's classes: CUDA's signature
             (own_event() if own_event else torch.Event(device=device)).record()
             own_stream() if own_stream else torch.Stream(device=device)
+            host.count_as_torch_streams(own_stream or torch.Stream, own_event or torch.Event)
             return None
         except RuntimeError:                       # "Backend doesn't support events."
             return host.host_ordered(self.device_type)

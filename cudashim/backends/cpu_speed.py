@@ -30,6 +30,7 @@ from typing import Dict, Tuple
 
 import torch
 
+from .. import torch_names
 from ..tables.host_profiles import MEASURED, PROFILES
 
 log = logging.getLogger(__name__)
@@ -62,13 +63,13 @@ def speeds(profile: str = MEASURED) -> Tuple[Dict[torch.dtype, bool], str]:
 
 
 # torch.cpu's private probes and the /proc/cpuinfo flag each stands for: a torch without a probe
-# (torch 2.5 has no _is_amx_fp16_supported) is answered by the flag.
+# (torch 2.5 has no _is_amx_fp16_supported) is answered by the flag (torch_names).
 _PROBES = {"avx512_bf16": "_is_avx512_bf16_supported", "amx_tile": "_is_amx_tile_supported",
            "amx_fp16": "_is_amx_fp16_supported"}
 
 
 def _has(feature: str) -> bool:
-    probe = getattr(torch.cpu, _PROBES[feature], None)
+    probe = torch_names.get(f"torch.cpu.{_PROBES[feature]}", None)
     if probe is not None:
         return bool(probe())
     return feature in _cpu_flags().split()

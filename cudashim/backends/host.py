@@ -9,6 +9,7 @@ whose extension has no streams or events of its own (torchvulkan) get these too.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import dataclasses
 import threading
@@ -16,6 +17,8 @@ import time
 from typing import Optional
 
 import torch
+
+from .. import torch_names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +115,21 @@ class HostStream:
 
     def __repr__(self):
         return f"<cudashim HostStream device={self.device_type}>"
+
+
+def count_as_torch_streams(stream_class, event_class) -> None:
+    """torch before 2.5 has dynamo's device interface accept only streams and events derived
+    from its _StreamBase and _EventBase (an assertion when torch._dynamo is imported, with the
+    proxy torch.cuda as CUDA's interface): the classes the proxy gives count as such, as CUDA's
+    own do. An ABC's registration cannot be withdrawn; it changes nothing but that check."""
+    for base, cls in (("torch._streambase._StreamBase", stream_class),
+                      ("torch._streambase._EventBase", event_class)):
+        abstract = torch_names.get(base, None)
+        if isinstance(abstract, abc.ABCMeta) and not issubclass(cls, abstract):
+            abstract.register(cls)     # later releases alias torch.Stream and torch.Event
+
+
+count_as_torch_streams(HostStream, HostEvent)
 
 
 class CurrentStream(threading.local):

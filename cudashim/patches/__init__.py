@@ -97,11 +97,16 @@ def off_reason(name: str, settings) -> Optional[str]:
     import torch
     from torch.torch_version import TorchVersion
 
+    from .. import torch_names
+
     lowest, below = supported_torch(name)
     version = TorchVersion(torch.__version__)
     if version < lowest or (below is not None and version >= below):
         bounds = f">={lowest}" + (f",<{below}" if below else "")
         return f"torch {version} is outside the versions it supports ({bounds})"
+    lacking = torch_names.turned_off(name)
+    if lacking is not None:
+        return f"torch {version} has no {lacking[0]} ({lacking[1]})"
     return None
 
 

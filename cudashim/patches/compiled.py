@@ -20,17 +20,15 @@ has not happened.
 
 import wrapt
 
-from ..errors import warn_once
-
-
+from .. import torch_names
 from ..callers import is_torch_module
+from ..errors import warn_once
 from ..tables.compiled_twins import TWINS
 
 DYNAMO_TENSORS = "torch._dynamo.variables.tensor"
 DYNAMO_BUILDER = "torch._dynamo.variables.builder"
 INDUCTOR = "torch._inductor.compile_fx"
-# A private dynamo method (and VariableTracker.build, new in torch 2.6) is patched here.
-SUPPORTED_TORCH = ("2.6", None)
+# Private dynamo and inductor names are read and patched here: each is in torch_names.NAMES.
 
 
 def install(activation):
@@ -45,12 +43,16 @@ def install(activation):
     def patch(module):
         TensorVariable = module.TensorVariable
         original = TensorVariable.method_attr_is_cuda
+        build = torch_names.get("torch._dynamo.variables.base.VariableTracker.build", None)
+        if build is None:               # torch before 2.6 makes its constants so
+            constant = torch_names.get("torch._dynamo.variables.constant.ConstantVariable.create")
+            build = lambda tx, value: constant(value)          # noqa: E731
 
         def method_attr_is_cuda(self, tx):
             device = self.device
             traced_module = tx.f_globals.get("__name__", "")
             if device is not None and device.type == device_type and not is_torch_module(traced_module):
-                return module.VariableTracker.build(tx, True)
+                return build(tx, True)
             return original(self, tx)
 
         activation.registry.set_attr(TensorVariable, "method_attr_is_cuda", method_attr_is_cuda)
@@ -63,16 +65,16 @@ def _trace_python_twins(activation):
     compiled_types = tuple(getattr(activation.compiled, name) for name in TWINS)
 
     def patch(module):
-        from torch._dynamo import trace_rules
-        from torch._dynamo.guards import GuardBuilder
-        from torch._dynamo.source import AttrSource
+        rule_map = torch_names.get("torch._dynamo.trace_rules.get_torch_obj_rule_map")
+        GuardBuilder = torch_names.get("torch._dynamo.guards.GuardBuilder")
+        AttrSource = torch_names.get("torch._dynamo.source.AttrSource")
 
         VariableBuilder = module.VariableBuilder
         original = VariableBuilder._wrap
 
         def _wrap(self, value):
             if type(value) in compiled_types and "python_twin" in getattr(value, "__dict__", ()):
-                rule = trace_rules.get_torch_obj_rule_map().get(value)
+                rule = rule_map().get(value)
                 if rule is not None:
                     # Torch's table was built after activation, so it names the wrapper
                     # itself (``torch.zeros``): an op in the graph, as the twin would be.
@@ -95,8 +97,9 @@ def _eager_where_inductor_has_no_code_generator(activation):
 
     def compile_fx(compile, _, args, kwargs):
         import torch
-        from torch._inductor.codegen.common import get_scheduling_for_device, init_backend_registration
-        init_backend_registration()
+        get_scheduling_for_device = torch_names.get(
+            "torch._inductor.codegen.common.get_scheduling_for_device")
+        torch_names.get("torch._inductor.codegen.common.init_backend_registration", lambda: None)()
         graph, inputs = (list(args) + [kwargs.get("model_"), kwargs.get("example_inputs_")])[:2]
         on_target = any(isinstance(value, torch.Tensor) and value.device.type == device_type
                         for value in inputs or ())
@@ -106,7 +109,7 @@ def _eager_where_inductor_has_no_code_generator(activation):
                   f"torch.compile: inductor has no code generator for the '{device_type}' device; "
                   f"its graphs compile with AOTAutograd's eager backend (backend='aot_eager'): "
                   f"captured as inductor captures them, each op on the device's own kernels")
-        from torch._dynamo.backends.debugging import aot_eager
+        aot_eager = torch_names.get("torch._dynamo.backends.debugging.aot_eager")
         return aot_eager(graph, inputs)
 
     activation.when_imported(INDUCTOR, lambda module: activation.replace(

@@ -1,6 +1,7 @@
 """torch.device, torch.Generator, set_default_device, get_device_module and RNG forks."""
 
 import functools
+import sys
 
 import torch
 
@@ -55,6 +56,10 @@ def install(activation):
                 # torch names CUDA only when acting on the program's devices (fork_rng's
                 # fallback, say): it gets the target's module, which answers torch.cuda's
                 # names for the target (the 'device_module' group); the program gets the proxy.
+                # torch.accelerator names the accelerator a CUDA build was compiled for, not the
+                # program's: it gets torch.cuda, which tells torch the truth (no GPU here).
+                if sys._getframe(1).f_globals.get("__name__") == "torch.accelerator":
+                    return torch.cuda
                 return original(target_type) if asked_by_torch() else torch.cuda
             return original(device)
         return functools.wraps(original)(get_device_module)

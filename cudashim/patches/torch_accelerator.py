@@ -19,6 +19,7 @@ import sys
 
 import torch
 
+from .. import torch_names
 from ..patching import by_caller
 from ..patching.by_caller import ByCaller
 from ..patching.rewriter import DEVICE, apply, rewrite
@@ -45,17 +46,24 @@ COUNTERPARTS = {
 # On an accelerator, install() applies these; on the CPU it answers the calls itself.
 # ``device_index(i)`` takes an index only, which means the same on every accelerator: it
 # needs no translation, and on the CPU it is answered below.
+# torch.accelerator came with torch 2.6: before it no program calls it, and nothing is patched.
+_ACCELERATOR = torch_names.get("torch.accelerator", None)
 DEVICE_ARGUMENTS = tuple(
     rewrite(f"torch.accelerator:{name}", DEVICE, position=0,
-            parameter=next(iter(inspect.signature(getattr(torch.accelerator, name)).parameters)))
-    for name in COUNTERPARTS if hasattr(torch.accelerator, name))
+            parameter=next(iter(inspect.signature(getattr(_ACCELERATOR, name)).parameters)))
+    for name in COUNTERPARTS if hasattr(_ACCELERATOR, name))
 TRANSLATES = tuple((d.target, d.arguments[0].parameter) for d in DEVICE_ARGUMENTS)
 
 
 def install(activation):
     """An accelerator: translate. The CPU: a call naming the target (or, from the program,
     naming none) goes to ``torch.cuda``."""
-    if torch.accelerator.current_accelerator() is not None:
+    if _ACCELERATOR is None:
+        return
+    # The target's own accelerator, not the one a build was compiled for: a CUDA build of torch
+    # on a machine without a GPU reports CUDA, and its target is the CPU.
+    accelerator = torch.accelerator.current_accelerator()
+    if accelerator is not None and accelerator.type == activation.backend.device_type:
         for declaration in DEVICE_ARGUMENTS:
             apply(activation, declaration)
         return

@@ -85,9 +85,14 @@ def answer_by_caller(activation, api: str, real: Callable, ours: Callable, becam
 
 
 def _named_like(function, ours, real):
-    function.__name__ = function.__qualname__ = getattr(real, "__name__", None) or ours.__name__
-    function.__doc__ = ours.__doc__ or getattr(real, "__doc__", None)
-    function.__wrapped__ = ours
+    """``function`` dressed as ``real``, as ``functools.wraps`` dresses a wrapper: torch and
+    libraries read these (torch 2.14's dynamo reads ``torch.cuda.use_mem_pool.__wrapped__`` when
+    it is imported; ``inspect.signature`` follows ``__wrapped__`` to the real parameters)."""
+    function.__name__ = getattr(real, "__name__", None) or ours.__name__
+    function.__qualname__ = getattr(real, "__qualname__", None) or function.__name__
+    function.__module__ = getattr(real, "__module__", None) or getattr(ours, "__module__", None)
+    function.__doc__ = getattr(real, "__doc__", None) or ours.__doc__
+    function.__wrapped__ = real
     function.cudashim_answer = ours        # the answer itself, for callers that are never torch's
     return function
 

@@ -9,6 +9,7 @@ counts a refusal.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 from ..errors import UnsupportedCudaAPI, warn_once
@@ -32,10 +33,12 @@ class Refusal:
         raise UnsupportedCudaAPI(self.api, backend.name, self.way_out)
 
 
-def stand_in(activation, refusal: Refusal, is_class: bool = False, answer: Any = None):
+def stand_in(activation, refusal: Refusal, is_class: bool = False, answer: Any = None,
+             real: Any = None):
     """What the program calls in place of the API: a function (or, to keep ``isinstance``
     working, a class that cannot be made) meeting the refusal, returning ``answer`` where it
-    is harmless."""
+    is harmless. Where the API's ``real`` object is known, the stand-in carries its name,
+    module, docstring and signature (``__wrapped__``), as torch and libraries read them."""
 
     def refuse(*args, **kwargs):
         refusal.meet(activation)
@@ -43,6 +46,10 @@ def stand_in(activation, refusal: Refusal, is_class: bool = False, answer: Any =
 
     module, _, name = refusal.api.rpartition(".")
     if is_class:
-        return type(name, (), {"__new__": lambda cls, *a, **k: refuse(*a, **k), "__module__": module})
+        names = {"__module__": getattr(real, "__module__", module),
+                 "__qualname__": getattr(real, "__qualname__", name), "__doc__": getattr(real, "__doc__", None)}
+        return type(name, (), {"__new__": lambda cls, *a, **k: refuse(*a, **k), **names})
     refuse.__name__ = refuse.__qualname__ = name
+    if callable(real):
+        functools.update_wrapper(refuse, real)
     return refuse

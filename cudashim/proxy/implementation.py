@@ -92,10 +92,20 @@ class TorchCuda(CudaGraphs):
         device.__module__ = "torch.cuda"
         return device
 
-    def device_of(self, obj):
-        if isinstance(obj, torch.Tensor) and obj.device.type == self.backend.device_type:
-            return self.device(obj.device.index)
-        return self.device(-1)
+    @functools.cached_property
+    def device_of(self):
+        backend = self.backend
+
+        class device_of(self.device):           # a class, as torch.cuda's is
+            """``with torch.cuda.device_of(tensor):`` makes the tensor's device current for the
+            block; a host tensor changes nothing."""
+
+            def __init__(self, obj):
+                on_target = isinstance(obj, torch.Tensor) and obj.device.type == backend.device_type
+                super().__init__(obj.device.index if on_target else -1)
+
+        device_of.__module__ = "torch.cuda"
+        return device_of
 
     def can_device_access_peer(self, device, peer_device) -> bool:
         first, second = self.idx(device, optional=False), self.idx(peer_device, optional=False)

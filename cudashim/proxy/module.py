@@ -89,7 +89,7 @@ def _bind(real, name, real_top, proxies, bound, activation):
     answer = contextlib.nullcontext if qualname in cuda_surface.HARMLESS_CONTEXTS \
         else cuda_surface.HARMLESS_ANSWERS.get(qualname)
     return stand_in(activation, Refusal(qualname, way_out, harmless=kind == cuda_surface.HARMLESS),
-                    is_class=isinstance(value, type), answer=answer)
+                    is_class=isinstance(value, type), answer=answer, real=value)
 
 
 def counted_class(api, cls, became, report):

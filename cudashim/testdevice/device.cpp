@@ -10,14 +10,30 @@
 // (memory statistics for torch.accelerator), kernels for allocation and copies, a boxed
 // fallback for every other op, and autocast's lists for the AutocastPrivateUse1 key.
 // Streams and events keep the API's semantics over a synchronous device.
+//
+// It builds against every torch cudashim supports (2.4 and later): what a release lacks is
+// left out by TESTDEVICE_TORCH_SINCE, and the device's own statistics, current device and
+// streams are answered by this extension (the Python bindings at the end), not through
+// torch.accelerator, which older releases lack and a CUDA build answers for CUDA.
 
 #include "device.h"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/Stream.h>
 #include <torch/csrc/utils/pybind.h>
+#include <torch/version.h>
+
+// Whether the torch this is built against is release major.minor or newer.
+#define TESTDEVICE_TORCH_SINCE(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+// torch 2.9 gave devices an allocator interface with statistics (torch.accelerator's memory
+// functions read it); before, an allocator is only an allocator.
+#define TESTDEVICE_DEVICE_ALLOCATOR TESTDEVICE_TORCH_SINCE(2, 9)
+#if TESTDEVICE_DEVICE_ALLOCATOR
+#include <c10/core/CachingDeviceAllocator.h>
+#endif
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -47,9 +63,37 @@ struct Region {
   int opened = 0;            // kernels holding it open (threads share weights)
 };
 
+// One statistic, kept as torch's caching allocators keep theirs.
+struct Stat {
+  int64_t current = 0, peak = 0, allocated = 0, freed = 0;
+  void increase(int64_t amount) {
+    current += amount;
+    peak = std::max(peak, current);
+    allocated += amount;
+  }
+  void decrease(int64_t amount) {
+    current -= amount;
+    freed += amount;
+  }
+  void reset_accumulated() { allocated = freed = 0; }
+  void reset_peak() { peak = current; }
+};
+
+// A device's statistics, by the names torch.cuda.memory_stats() gives them.
+struct DeviceStats {
+  Stat allocation, segment, active, allocated_bytes, reserved_bytes, active_bytes, requested_bytes;
+  int64_t num_device_alloc = 0, num_device_free = 0;
+
+  std::vector<std::pair<const char*, Stat*>> named() {
+    return {{"allocation", &allocation}, {"segment", &segment}, {"active", &active},
+            {"allocated_bytes", &allocated_bytes}, {"reserved_bytes", &reserved_bytes},
+            {"active_bytes", &active_bytes}, {"requested_bytes", &requested_bytes}};
+  }
+};
+
 std::mutex memory_mutex;
 std::map<uintptr_t, Region> regions;                  // by start address
-c10::CachingDeviceAllocator::DeviceStats stats[kMaxDevices];
+DeviceStats stats[kMaxDevices];
 
 size_t whole_pages(size_t bytes) {
   static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
@@ -67,15 +111,13 @@ std::map<uintptr_t, Region>::iterator region_of(const void* address) {
 
 void update(c10::DeviceIndex device, const Region& region, bool allocated) {
   auto& s = stats[device];
-  auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
-  for (auto* stat : {&s.allocation[all], &s.segment[all], &s.active[all]}) {
+  for (auto* stat : {&s.allocation, &s.segment, &s.active}) {
     allocated ? stat->increase(1) : stat->decrease(1);
   }
-  for (auto* stat : {&s.allocated_bytes[all], &s.reserved_bytes[all], &s.active_bytes[all]}) {
+  for (auto* stat : {&s.allocated_bytes, &s.reserved_bytes, &s.active_bytes}) {
     allocated ? stat->increase(region.bytes) : stat->decrease(region.bytes);
   }
-  allocated ? s.requested_bytes[all].increase(region.requested)
-            : s.requested_bytes[all].decrease(region.requested);
+  allocated ? s.requested_bytes.increase(region.requested) : s.requested_bytes.decrease(region.requested);
   allocated ? ++s.num_device_alloc : ++s.num_device_free;
 }
 
@@ -91,26 +133,66 @@ void release(void* address) {
 
 thread_local c10::DeviceIndex current_device = 0;
 
-// ``reset`` applied to every statistic this allocator keeps for ``device``.
-template <typename Reset>
-void for_each_stat(c10::DeviceIndex device, Reset reset) {
+DeviceStats device_stats(c10::DeviceIndex device) {
   check_index(device);
   std::lock_guard<std::mutex> lock(memory_mutex);
-  auto& s = stats[device];
-  for (auto* array : {&s.allocation, &s.segment, &s.active, &s.allocated_bytes, &s.reserved_bytes,
-                      &s.active_bytes, &s.requested_bytes}) {
-    for (auto& stat : *array) reset(stat);
-  }
+  return stats[device];
 }
 
-struct DeviceMemory final : c10::DeviceAllocator {
+void reset_accumulated_stats(c10::DeviceIndex device) {
+  check_index(device);
+  std::lock_guard<std::mutex> lock(memory_mutex);
+  for (auto& named : stats[device].named()) named.second->reset_accumulated();
+  stats[device].num_device_alloc = stats[device].num_device_free = 0;
+}
+
+void reset_peak_stats(c10::DeviceIndex device) {
+  check_index(device);
+  std::lock_guard<std::mutex> lock(memory_mutex);
+  for (auto& named : stats[device].named()) named.second->reset_peak();
+}
+
+std::pair<size_t, size_t> memory_info(c10::DeviceIndex device) {
+  check_index(device);
+  std::lock_guard<std::mutex> lock(memory_mutex);
+  return {kCapacity - stats[device].reserved_bytes.current, kCapacity};
+}
+
+#if TESTDEVICE_DEVICE_ALLOCATOR
+// Ours in torch's form: the aggregate entry of each of its arrays (the only pool here).
+c10::CachingDeviceAllocator::DeviceStats torch_stats(DeviceStats ours) {
+  c10::CachingDeviceAllocator::DeviceStats theirs;
+  auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  auto copy = [all](c10::CachingAllocator::StatArray& to, const Stat& from) {
+    to[all].current = from.current;
+    to[all].peak = from.peak;
+    to[all].allocated = from.allocated;
+    to[all].freed = from.freed;
+  };
+  copy(theirs.allocation, ours.allocation);
+  copy(theirs.segment, ours.segment);
+  copy(theirs.active, ours.active);
+  copy(theirs.allocated_bytes, ours.allocated_bytes);
+  copy(theirs.reserved_bytes, ours.reserved_bytes);
+  copy(theirs.active_bytes, ours.active_bytes);
+  copy(theirs.requested_bytes, ours.requested_bytes);
+  theirs.num_device_alloc = ours.num_device_alloc;
+  theirs.num_device_free = ours.num_device_free;
+  return theirs;
+}
+using AllocatorBase = c10::DeviceAllocator;
+#else
+using AllocatorBase = c10::Allocator;
+#endif
+
+struct DeviceMemory final : AllocatorBase {
   c10::DataPtr allocate(size_t requested) override {
     c10::Device device(kDevice, current_device);
     if (requested == 0) return {nullptr, nullptr, &release, device};
     size_t bytes = whole_pages(requested);
     void* address = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     std::lock_guard<std::mutex> lock(memory_mutex);
-    auto& allocated = stats[device.index()].reserved_bytes[0].current;
+    auto allocated = static_cast<size_t>(stats[device.index()].reserved_bytes.current);
     TORCH_CHECK_WITH(OutOfMemoryError, address != MAP_FAILED && allocated + bytes <= kCapacity,
                      "out of memory on test accelerator ", device, ": tried to allocate ", requested,
                      " bytes with ", allocated, " of ", kCapacity, " in use");
@@ -122,27 +204,17 @@ struct DeviceMemory final : c10::DeviceAllocator {
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
   void copy_data(void* destination, const void* source, std::size_t count) const override;
 
+#if TESTDEVICE_DEVICE_ALLOCATOR
   bool initialized() override { return device_count > 0; }
   void emptyCache(c10::MempoolId_t) override {}           // nothing is cached
   void recordStream(const c10::DataPtr&, c10::Stream) override {}  // streams are synchronous
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
-    check_index(device);
-    std::lock_guard<std::mutex> lock(memory_mutex);
-    return stats[device];
+    return torch_stats(device_stats(device));
   }
-  void resetAccumulatedStats(c10::DeviceIndex device) override {
-    for_each_stat(device, [](c10::CachingAllocator::Stat& stat) { stat.reset_accumulated(); });
-    std::lock_guard<std::mutex> lock(memory_mutex);
-    stats[device].num_device_alloc = stats[device].num_device_free = 0;
-  }
-  void resetPeakStats(c10::DeviceIndex device) override {
-    for_each_stat(device, [](c10::CachingAllocator::Stat& stat) { stat.reset_peak(); });
-  }
-  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
-    check_index(device);
-    std::lock_guard<std::mutex> lock(memory_mutex);
-    return {kCapacity - stats[device].reserved_bytes[0].current, kCapacity};
-  }
+  void resetAccumulatedStats(c10::DeviceIndex device) override { reset_accumulated_stats(device); }
+  void resetPeakStats(c10::DeviceIndex device) override { reset_peak_stats(device); }
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override { return memory_info(device); }
+#endif
 };
 
 DeviceMemory device_memory;
@@ -283,7 +355,8 @@ struct Guard final : c10::impl::DeviceGuardImplInterface {
     current_device = device.index();
   }
   void uncheckedSetDevice(c10::Device device) const noexcept override { current_device = device.index(); }
-  c10::Stream getStream(c10::Device device) const override {
+  // noexcept: torch 2.4's interface declares these so; later ones allow what is stricter.
+  c10::Stream getStream(c10::Device device) const noexcept override {
     return c10::Stream(c10::Stream::UNSAFE, device, current_streams[device.index()]);
   }
   c10::Stream getDefaultStream(c10::Device device) const override {
@@ -295,7 +368,7 @@ struct Guard final : c10::impl::DeviceGuardImplInterface {
   c10::Stream getStreamFromGlobalPool(c10::Device device, bool) const override {
     return getNewStream(device, 0);
   }
-  c10::Stream exchangeStream(c10::Stream stream) const override {
+  c10::Stream exchangeStream(c10::Stream stream) const noexcept override {
     c10::Stream previous = getStream(stream.device());
     current_streams[stream.device_index()] = stream.id();
     return previous;
@@ -317,7 +390,7 @@ struct Guard final : c10::impl::DeviceGuardImplInterface {
   bool queryStream(const c10::Stream&) const override { return true; }
   void synchronizeStream(const c10::Stream&) const override {}
   void synchronizeEvent(void*) const override {}
-  void synchronizeDevice(const c10::DeviceIndex) const override {}
+  void synchronizeDevice(const c10::DeviceIndex) const {}      // in the interface since 2.5
   double elapsedTime(void* start, void* end, const c10::DeviceIndex) const override {
     auto* first = static_cast<Event*>(start);
     auto* second = static_cast<Event*>(end);
@@ -331,13 +404,15 @@ C10_REGISTER_GUARD_IMPL(PrivateUse1, Guard);
 
 // --- hooks: what torch asks of a PrivateUse1 backend ------------------------------------
 
+// isBuilt, isAvailable, getNewGenerator and isPinnedPtr joined the interface in later releases
+// than 2.4, and getDefaultGenerator became const: declared without ``override``, each
+// overrides where the interface has it.
 struct Hooks final : at::PrivateUse1HooksInterface {
-  bool isBuilt() const override { return true; }
-  bool isAvailable() const override { return device_count > 0; }
-  const at::Generator& getDefaultGenerator(c10::DeviceIndex index) const override {
-    return default_generator(index);
-  }
-  at::Generator getNewGenerator(c10::DeviceIndex index) const override {
+  bool isBuilt() const { return true; }
+  bool isAvailable() const { return device_count > 0; }
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex index) const { return default_generator(index); }
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex index) { return default_generator(index); }
+  at::Generator getNewGenerator(c10::DeviceIndex index) const {
     if (index < 0) index = current_device;
     check_index(index);
     return at::make_generator<Generator>(index);
@@ -348,7 +423,7 @@ struct Hooks final : at::PrivateUse1HooksInterface {
     TORCH_CHECK(it != regions.end(), "the pointer is not in test accelerator memory");
     return {kDevice, it->second.device};
   }
-  bool isPinnedPtr(const void* address) const override { return is_pinned(address); }
+  bool isPinnedPtr(const void* address) const { return is_pinned(address); }
   at::Allocator* getPinnedMemoryAllocator() const override { return &pinned_memory; }
   bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
   c10::DeviceIndex deviceCount() const override { return static_cast<c10::DeviceIndex>(device_count); }
@@ -414,4 +489,40 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   });
   module.def("host_readable", &testdevice::host_readable,
              "Whether the host may touch this tensor's memory now (never, between kernels).");
+  // The device module's own answers (module.py), on every torch release.
+  module.def("current_device", [] { return int(testdevice::current_device); });
+  module.def("set_device", [](int index) {
+    testdevice::check_index(static_cast<c10::DeviceIndex>(index));
+    testdevice::current_device = static_cast<c10::DeviceIndex>(index);
+  });
+  module.def("memory_stats", [](int index) {
+    auto stats = testdevice::device_stats(static_cast<c10::DeviceIndex>(index));
+    py::dict flat;           // torch.cuda.memory_stats()'s keys: "allocated_bytes.all.current"
+    for (auto& named : stats.named()) {
+      std::string prefix = std::string(named.first) + ".all.";
+      flat[py::str(prefix + "current")] = named.second->current;
+      flat[py::str(prefix + "peak")] = named.second->peak;
+      flat[py::str(prefix + "allocated")] = named.second->allocated;
+      flat[py::str(prefix + "freed")] = named.second->freed;
+    }
+    flat["num_device_alloc"] = stats.num_device_alloc;
+    flat["num_device_free"] = stats.num_device_free;
+    return flat;
+  });
+  module.def("reset_peak_stats", [](int index) { testdevice::reset_peak_stats(static_cast<c10::DeviceIndex>(index)); });
+  module.def("reset_accumulated_stats", [](int index) {
+    testdevice::reset_accumulated_stats(static_cast<c10::DeviceIndex>(index));
+  });
+  module.def("memory_info", [](int index) { return testdevice::memory_info(static_cast<c10::DeviceIndex>(index)); });
+  module.def("current_stream", [](int index) {
+    auto device = c10::Device(testdevice::kDevice, static_cast<c10::DeviceIndex>(index));
+    testdevice::check_index(device.index());
+    return py::reinterpret_steal<py::object>(THPStream_Wrap(c10::impl::getDeviceGuardImpl(testdevice::kDevice)->getStream(device)));
+  });
+  module.def("set_stream", [](int64_t stream_id, int index) {
+    auto device = c10::Device(testdevice::kDevice, static_cast<c10::DeviceIndex>(index));
+    testdevice::check_index(device.index());
+    c10::impl::getDeviceGuardImpl(testdevice::kDevice)->exchangeStream(
+        c10::Stream(c10::Stream::UNSAFE, device, stream_id));
+  });
 }

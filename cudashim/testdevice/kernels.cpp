@@ -262,6 +262,12 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("mse_loss", torch::CppFunction::makeFromBoxedFunction<&cpu_fallback>());
 }
 
+// torch 2.7 and older look for it under the device's autograd key first, where nothing else
+// stands in (module.cuda() failed there with NotImplementedError).
+TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
+  m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
+}
+
 // --- autocast: torch's CUDA lists, for the dtypes the device declares -------------------
 
 TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) {

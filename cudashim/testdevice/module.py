@@ -1,7 +1,8 @@
 """``torch.shimdev``: the test accelerator's device module, shaped like ``torch.cuda``.
 
-What torch.accelerator answers for any device comes from it; the rest (generators, device
-names, the dtypes autocast may use) from the compiled extension.
+Every answer comes from the compiled extension, not through ``torch.accelerator``: torch
+before 2.6 has none, before 2.9 it has no memory functions, and on a CUDA build it answers
+for CUDA (the build's accelerator), not for this device.
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ def _ext():
 
 def _index(device=None) -> int:
     if device is None:
-        return torch.accelerator.current_device_index()
+        return _ext().current_device()
     if isinstance(device, int):
         return device
     device = torch.device(device)
-    return torch.accelerator.current_device_index() if device.index is None else device.index
+    return _ext().current_device() if device.index is None else device.index
 
 
 def is_available() -> bool:
@@ -35,15 +36,15 @@ def device_count() -> int:
 
 
 def current_device() -> int:
-    return torch.accelerator.current_device_index()
+    return _ext().current_device()
 
 
 def set_device(device) -> None:
-    torch.accelerator.set_device_index(_index(device))
+    _ext().set_device(_index(device))
 
 
 def synchronize(device=None) -> None:
-    torch.accelerator.synchronize(device)
+    _ext().current_stream(_index(device))       # checks the index; work is done when issued
 
 
 def _is_in_bad_fork() -> bool:          # nothing of the device lives in driver state
@@ -109,50 +110,50 @@ def set_rng_state_all(new_states) -> None:
 
 # --- streams ----------------------------------------------------------------------------
 def current_stream(device=None) -> torch.Stream:
-    return torch.accelerator.current_stream(_index(device))
+    return _ext().current_stream(_index(device))
 
 
 def default_stream(device=None) -> torch.Stream:
     index = _index(device)
-    device_type = torch.accelerator.current_stream(index).device_type
+    device_type = _ext().current_stream(index).device_type
     return torch.Stream(stream_id=0, device_index=index, device_type=device_type)
 
 
 def set_stream(stream: torch.Stream) -> None:
-    torch.accelerator.set_stream(stream)
+    _ext().set_stream(stream.stream_id, stream.device_index)
 
 
 # --- memory -----------------------------------------------------------------------------
+def memory_stats(device=None) -> dict:
+    return _ext().memory_stats(_index(device))
+
+
 def memory_allocated(device=None) -> int:
-    return torch.accelerator.memory_allocated(_index(device))
+    return memory_stats(device)["allocated_bytes.all.current"]
 
 
 def max_memory_allocated(device=None) -> int:
-    return torch.accelerator.max_memory_allocated(_index(device))
+    return memory_stats(device)["allocated_bytes.all.peak"]
 
 
 def memory_reserved(device=None) -> int:
-    return torch.accelerator.memory_reserved(_index(device))
+    return memory_stats(device)["reserved_bytes.all.current"]
 
 
 def max_memory_reserved(device=None) -> int:
-    return torch.accelerator.max_memory_reserved(_index(device))
-
-
-def memory_stats(device=None) -> dict:
-    return torch.accelerator.memory_stats(_index(device))
+    return memory_stats(device)["reserved_bytes.all.peak"]
 
 
 def reset_peak_memory_stats(device=None) -> None:
-    torch.accelerator.reset_peak_memory_stats(_index(device))
+    _ext().reset_peak_stats(_index(device))
 
 
 def mem_get_info(device=None):
-    return torch.accelerator.get_memory_info(_index(device))
+    return _ext().memory_info(_index(device))
 
 
 def empty_cache() -> None:
-    torch.accelerator.empty_cache()
+    """Nothing is cached: memory goes back when a tensor is freed."""
 
 
 def host_readable(tensor: torch.Tensor) -> bool:

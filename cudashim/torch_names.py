@@ -1,0 +1,222 @@
+"""The torch names cudashim reads that not every torch it supports has, and what it does without them.
+
+torch's private names (``torch._C`` bindings, dynamo's and inductor's internals, ``torch.utils._*``)
+move between releases, and public ones arrive later than the oldest torch cudashim supports
+(``torch.accelerator`` came with 2.6). Every such name cudashim reads is an entry of ``NAMES``,
+and each entry says what happens where the running torch lacks it:
+
+- ``FALLBACK``: cudashim does without it, in the way the entry describes (``get`` returns the
+  default its reader gives);
+- ``TURNS_OFF``: the patch group that reads it stays off, with one warning naming the torch
+  version and the name (``patches.off_reason``), as a group outside its ``SUPPORTED_TORCH`` does;
+- ``REQUIRED``: present in every release CI tests (``torch_range.TESTED``); a torch without it is
+  a release cudashim does not support yet, which the torch-range set finds
+  (``./scripts/tox -e torch-newest``) before a user does.
+
+``tests/test_torch_names.py`` builds this table for the installed torch, fails on a name the
+source reads that is missing here and on an absent ``REQUIRED`` one; CI runs it on every torch
+of the range. This module imports torch only when a name is looked up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import sys
+from typing import Any, Dict, List, Optional, Tuple
+
+FALLBACK, TURNS_OFF, REQUIRED = "fallback", "turns off", "required"
+_MISSING = object()
+
+
+@dataclasses.dataclass(frozen=True)
+class Name:
+    path: str           # "torch.backends.mkldnn.matmul.fp32_precision": modules, then attributes
+    reader: str         # the patch group (or the part) that reads it
+    absent: str         # FALLBACK, TURNS_OFF or REQUIRED
+    without: str = ""   # what cudashim does without it (FALLBACK), or why it is required
+
+
+def _n(path, reader, absent, without=""):
+    return Name(path, reader, absent, without)
+
+
+# Where a name's module is imported only when the program uses it (dynamo, inductor), its
+# absence is found then: the patch made on that import is skipped, with the warning.
+NAMES: Dict[str, Name] = {name.path: name for name in (
+    # --- public names newer than torch 2.4 ---------------------------------------------------
+    _n("torch.accelerator", "torch_accelerator", FALLBACK,
+       "nothing to patch: torch.accelerator came with 2.6, and no program calls it before"),
+    _n("torch.accelerator.current_accelerator", "backends.accelerator", FALLBACK,
+       "the out-of-tree device a vendor's extension registered: PrivateUse1's name, where a "
+       "device module of that name exists"),
+    _n("torch.backends.mkldnn.matmul.fp32_precision", "precision", FALLBACK,
+       "the TF32 flags are not mapped to oneDNN's reduced-precision matmuls: float32 stays "
+       "float32, as on a GPU without TF32"),
+    # --- private names --------------------------------------------------------------------
+    # torch.compile (patches/compiled.py), read when dynamo or inductor is imported
+    _n("torch._dynamo.variables.base.VariableTracker.build", "compiled", FALLBACK,
+       "ConstantVariable.create, which torch before 2.6 makes dynamo's constants with"),
+    _n("torch._dynamo.variables.constant.ConstantVariable.create", "compiled", REQUIRED,
+       "the fallback of VariableTracker.build"),
+    _n("torch._dynamo.variables.tensor.TensorVariable.method_attr_is_cuda", "compiled", REQUIRED,
+       "what dynamo answers for is_cuda while it traces"),
+    _n("torch._dynamo.variables.builder.VariableBuilder._wrap", "compiled", REQUIRED,
+       "where dynamo meets the compiled wrappers"),
+    _n("torch._dynamo.variables.builder.VariableBuilder.install_guards", "compiled", REQUIRED, "guards"),
+    _n("torch._dynamo.variables.builder.VariableBuilder.get_source", "compiled", REQUIRED, "guards"),
+    _n("torch._dynamo.trace_rules.get_torch_obj_rule_map", "compiled", REQUIRED,
+       "torch's table of its own functions, which names the wrappers"),
+    _n("torch._dynamo.guards.GuardBuilder.ID_MATCH", "compiled", REQUIRED, "guards"),
+    _n("torch._dynamo.guards.GuardBuilder.TYPE_MATCH", "compiled", REQUIRED, "guards"),
+    _n("torch._dynamo.source.AttrSource", "compiled", REQUIRED, "the twin's source"),
+    _n("torch._inductor.compile_fx.compile_fx", "compiled", REQUIRED,
+       "where a graph on a device without a code generator goes to AOTAutograd's eager backend"),
+    _n("torch._inductor.codegen.common.get_scheduling_for_device", "compiled", REQUIRED,
+       "whether inductor has a code generator for the device"),
+    _n("torch._inductor.codegen.common.init_backend_registration", "compiled", FALLBACK,
+       "nothing: torch 2.4 registers inductor's code generators as it compiles (a vendor's "
+       "may then be found only after its first graph, which runs in AOTAutograd's eager backend)"),
+    _n("torch._dynamo.backends.debugging.aot_eager", "compiled", REQUIRED,
+       "the backend for devices inductor has no code generator for"),
+    _n("torch._streambase._StreamBase", "backends.host", FALLBACK,
+       "an ABC before torch 2.5, which dynamo checks streams against; later an alias of torch.Stream, or absent: nothing to register with"),
+    _n("torch._streambase._EventBase", "backends.host", FALLBACK,
+       "an ABC before torch 2.5, which dynamo checks events against; later an alias of torch.Event, or absent: nothing to register with"),
+    # read directly, present in every release CI tests: a release without one is found by the
+    # torch-range set (tests/test_torch_names.py) before a user meets it
+    *(_n(path, reader, REQUIRED, why) for path, reader, why in (
+        ("torch._C.device", "translation", "the C type torch.device wraps: the fast isinstance checks"),
+        ("torch._C.Generator", "patching.device_parameters", "the C type torch.Generator wraps"),
+        ("torch._C.StorageBase", "patching.device_parameters", "storages' methods take devices"),
+        ("torch._C.TensorBase.to", "tensors", "the unpatched Tensor.to"),
+        ("torch._C.TensorBase.cpu", "tensors", "the unpatched Tensor.cpu"),
+        ("torch._C.DispatchKey.ADInplaceOrView", "graphs.replay", "replay below autograd"),
+        ("torch._C.DispatchKey.PrivateUse1", "kernel_gaps", "a device's own kernels"),
+        ("torch._C._ExcludeDispatchKeyGuard", "graphs.replay", "replay below autograd"),
+        ("torch._C._dispatch_keyset_full", "graphs.replay", "replay below autograd"),
+        ("torch._C._dispatch_keyset_full_after", "graphs.replay", "replay below autograd"),
+        ("torch._C._dispatch_get_all_op_names", "kernel_gaps", "the ops a device lacks"),
+        ("torch._C._dispatch_has_kernel_for_dispatch_key", "kernel_gaps", "the ops a device lacks"),
+        ("torch._C._dispatch_has_backend_fallback", "doctor", "whether a device runs the rest on the host"),
+        ("torch._C._distributed_c10d.ProcessGroupGloo", "backends.staged", "collectives through host memory"),
+        ("torch._C._distributed_c10d._create_work_from_future", "backends.staged",
+         "collectives through host memory"),
+        ("torch._C._get_privateuse1_backend_name", "testdevice", "out-of-tree devices' name"),
+        ("torch._C._jit_get_all_schemas", "patching.device_parameters", "every op's device parameters"),
+        ("torch._C._jit_get_schemas_for_operator", "patching.device_parameters", "an op's device parameters"),
+        ("torch._C._jit_get_emit_hooks", "torchscript", "TorchScript's compile hooks"),
+        ("torch._C._jit_set_emit_hooks", "torchscript", "TorchScript's compile hooks"),
+        ("torch._C._jit_pass_inline", "graphs", "reading a scripted graph"),
+        ("torch._C._nn.linear", "cpu_speed", "the matmul speed probe, below the precision patches"),
+        ("torch._amp_foreach_non_finite_check_and_unscale_", "substitutes.apex", "apex's unscale"),
+        ("torch._ops.OpOverload", "graphs", "recording ops"),
+        ("torch._register_device_module", "testdevice", "registering the test accelerator's module"),
+        ("torch._utils.ExceptionWrapper", "parallel", "a worker's exception, re-raised"),
+        ("torch._utils._flatten_dense_tensors", "parallel.comm", "torch.cuda.comm's buckets"),
+        ("torch._utils._unflatten_dense_tensors", "parallel.comm", "torch.cuda.comm's buckets"),
+        ("torch._utils._handle_complex", "parallel.comm", "torch.cuda.comm's buckets"),
+        ("torch._utils._reorder_tensors_as", "parallel.comm", "torch.cuda.comm's buckets"),
+        ("torch._utils._take_tensors", "parallel.comm", "torch.cuda.comm's buckets"),
+        ("torch.distributed.distributed_c10d._get_default_group", "distributed", "the default group"),
+        ("torch.jit._builtins._get_builtin_table", "torchscript", "TorchScript's builtin table"),
+        ("torch.jit._serialization.load", "torchscript", "torch.jit.load's map_location"),
+        ("torch.mps._get_default_mps_generator", "backends.mps", "MPS's generator"),
+        ("torch.nn.modules._functions.SyncBatchNorm.apply", "distributed", "SyncBatchNorm on the host"),
+        ("torch.serialization._package_registry", "serialization", "map_location's device tags"),
+        ("torch.utils._device._device_constructors", "factories", "every factory that takes device="),
+        ("torch.utils._foreach_utils._get_fused_kernels_supported_devices", "substitutes.apex",
+         "whether fused optimizers run on the device"),
+        ("torch.utils._python_dispatch.TorchDispatchMode", "graphs", "recording a CUDA graph"),
+        ("torch.utils._python_dispatch._get_current_dispatch_mode_stack", "graphs", "recording"),
+        ("torch.utils._pytree.tree_leaves", "graphs", "a graph's inputs"),
+        ("torch.utils._pytree.tree_flatten", "graphs", "a graph's inputs"),
+        ("torch.utils._pytree.tree_unflatten", "graphs", "a graph's outputs"),
+        ("torch.utils._pytree.arg_tree_leaves", "graphs", "a graph's inputs"),
+        ("torch.utils.cpp_extension._get_build_directory", "testdevice", "where the test accelerator builds"),
+    )),
+    _n("torch.cpu._is_amx_fp16_supported", "cpu_speed", FALLBACK,
+       "the CPU's amx_fp16 flag in /proc/cpuinfo"),
+    _n("torch.cpu._is_avx512_bf16_supported", "cpu_speed", FALLBACK,
+       "the CPU's avx512_bf16 flag in /proc/cpuinfo"),
+    _n("torch.cpu._is_amx_tile_supported", "cpu_speed", FALLBACK,
+       "the CPU's amx_tile flag in /proc/cpuinfo"),
+)}
+
+
+class TorchLacks(AttributeError):
+    """The running torch has no ``name``."""
+
+    def __init__(self, name: str):
+        import torch
+        super().__init__(f"torch {torch.__version__} has no {name}")
+        self.name = name
+
+
+def entry(path: str) -> Name:
+    try:
+        return NAMES[path]
+    except KeyError:
+        raise KeyError(f"{path} is not in cudashim.torch_names.NAMES: add it, with what happens "
+                       "where a torch lacks it") from None
+
+
+def get(path: str, default: Any = _MISSING, *, import_modules: bool = True) -> Any:
+    """The object at ``path`` in the running torch. Where it lacks one: ``default`` if given,
+    else ``TorchLacks``. ``import_modules=False`` looks only in modules already imported."""
+    entry(path)
+    found = _resolve(path, import_modules)
+    if found is _MISSING:
+        if default is _MISSING:
+            raise TorchLacks(path)
+        return default
+    return found
+
+
+def has(path: str, *, import_modules: bool = True) -> bool:
+    entry(path)
+    return _resolve(path, import_modules) is not _MISSING
+
+
+def _resolve(path: str, import_modules: bool) -> Any:
+    parts = path.split(".")
+    module: Optional[Any] = None
+    attributes: List[str] = []
+    for cut in range(len(parts), 0, -1):
+        name = ".".join(parts[:cut])
+        if name in sys.modules:
+            module = sys.modules[name]
+        elif import_modules:
+            try:
+                module = importlib.import_module(name)
+            except ImportError:
+                continue
+            except Exception:          # a module that fails on import is as good as absent
+                continue
+        else:
+            continue
+        attributes = parts[cut:]
+        break
+    if module is None:
+        return _MISSING
+    value = module
+    for attribute in attributes:
+        try:
+            value = getattr(value, attribute)
+        except Exception:              # AttributeError, or a lazy module's own error
+            return _MISSING
+    return value
+
+
+def turned_off(group: str) -> Optional[Tuple[str, str]]:
+    """(name, why) for the first name that group ``group`` cannot do without and this torch
+    lacks, else None."""
+    for name in NAMES.values():
+        if name.reader == group and name.absent == TURNS_OFF and _resolve(name.path, True) is _MISSING:
+            return name.path, name.without
+    return None
+
+
+def table() -> List[Tuple[Name, bool]]:
+    """[(entry, whether the running torch has it)], every entry, imports included."""
+    return [(name, _resolve(name.path, True) is not _MISSING) for name in NAMES.values()]

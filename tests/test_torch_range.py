@@ -1,0 +1,133 @@
+"""The torch-range set: what every torch release cudashim supports must run, end to end.
+
+CI runs the tests marked ``torch_range`` (these, and the cases elsewhere that carry the mark) on
+the oldest torch the package declares, on one the vendors' extensions pin and on the newest the
+package index serves, each the CUDA build pip installs on a machine without a GPU
+(``tox -e torch2.4,torch2.7,torch2.14``), as well as in the main suite on the pinned CPU wheel.
+"""
+
+import json
+import sys
+
+import pytest
+
+from conftest import python
+from targets import SHIMDEV
+
+pytestmark = pytest.mark.torch_range
+
+
+def _train(tmp_path, name, shim_options, program_options):
+    result = python("-m", "cudashim", "--report", *shim_options, "tests/programs/mixed_precision_train.py",
+                    "--checkpoint", str(tmp_path / f"{name}.pt"), *program_options, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads(result.stdout.strip().splitlines()[-1]), result.stderr
+
+
+@pytest.mark.parametrize("scaler", ["torch.amp", "torch.cuda.amp"])
+def test_mixed_precision_training_with_workers_compile_script_and_a_checkpoint(tmp_path, scaler):
+    """One run per target serves every assertion: a DataLoader with workers and pinned memory,
+    float16 autocast with the GradScaler spelled either way, torch.compile (for one spelling),
+    a TorchScript'd loss, map_location to the host and to "cuda:0", and the report."""
+    options = ["--scaler", scaler] + (["--compile"] if scaler == "torch.amp" else [])
+    on_cpu, report = _train(tmp_path, "cpu", ["--host-profile", "slow"], options)
+    assert "cudashim report" in report and "GradScaler" in report, report[-2000:]
+    assert on_cpu["host_devices"] == ["cpu"] and on_cpu["is_cuda"]
+    assert on_cpu["losses"][-1] < on_cpu["losses"][0], "it should learn"
+
+    if SHIMDEV.why_not is not None:
+        pytest.skip(f"the test accelerator: {SHIMDEV.why_not}")
+    on_device, _ = _train(tmp_path, "shimdev", ["--host-profile", "slow", *SHIMDEV.options], options)
+    assert on_device["host_devices"] == ["cpu"]
+    assert on_device["resumed_devices"] == on_device["parameters_on"] == ["shimdev:0"]
+    assert on_device["is_cuda"]
+    assert on_device["losses"] == pytest.approx(on_cpu["losses"], rel=1e-3, abs=1e-4)
+    assert on_device["scale"] == on_cpu["scale"]
+
+
+def test_the_doctor_says_whether_this_torch_is_in_the_tested_range():
+    import torch
+
+    from cudashim import torch_range
+
+    result = python("-c", "from cudashim.cli import main; main()", "doctor")
+    assert result.returncode == 0, result.stderr
+    line = next(line for line in result.stdout.splitlines() if line.startswith("torch "))
+    assert torch_range.describe(torch.__version__) in line, line
+    where = torch_range.release(torch.__version__)
+    assert ("tested by CI" in line) == (where in torch_range.TESTED), line
+
+
+def test_where_a_torch_stands_in_the_range():
+    from cudashim import torch_range
+
+    assert torch_range.describe("2.4.1+cu121").startswith("tested by CI")
+    assert torch_range.describe("2.5.1").startswith("inside the tested range")
+    assert torch_range.describe("2.3.1").startswith("older than")
+    assert torch_range.describe("2.15.0").startswith("newer than")
+    assert torch_range.describe("2.15.0a0+git1234").startswith("newer than")
+    assert torch_range.describe("2.14.0").startswith("inside")
+
+
+def test_the_proxy_torch_cuda_looks_like_this_torchs_where_torch_and_libraries_inspect_it(shim):
+    """For every public name of this torch's torch.cuda and its submodules (the surface read
+    from the installed torch, not from a table of one release's): a function stays a function
+    carrying the real one's name, qualified name, module, docstring and signature, and a
+    ``__wrapped__`` where the real one has one (torch 2.14's dynamo reads
+    ``torch.cuda.use_mem_pool.__wrapped__`` when imported); a class stays a class; a context
+    manager class stays one."""
+    import inspect
+    import types
+
+    import torch
+
+    from cudashim.tables import cuda_surface
+
+    real_top = torch.cuda._cudashim_real
+    compared, wrong = 0, []
+    for real in cuda_surface.real_submodules(real_top):
+        proxy = torch.cuda if real is real_top else sys.modules[real.__name__]
+        for name in cuda_surface.public_names(real):
+            value, ours = getattr(real, name), getattr(proxy, name)
+            where = f"{real.__name__}.{name}"
+            compared += 1
+            if isinstance(value, types.ModuleType) or ours is value:
+                continue
+            if isinstance(value, type):
+                if not isinstance(ours, type):
+                    wrong.append(f"{where}: a class became {type(ours).__name__}")
+                elif hasattr(value, "__enter__") and not hasattr(ours, "__enter__"):
+                    wrong.append(f"{where}: a context manager class lost __enter__")
+                continue
+            if not callable(value):
+                continue
+            if isinstance(ours, type) or not callable(ours):
+                wrong.append(f"{where}: a function became {type(ours).__name__}")
+                continue
+            for attribute in ("__name__", "__qualname__", "__module__", "__doc__"):
+                if getattr(ours, attribute, None) != getattr(value, attribute, None):
+                    wrong.append(f"{where}: {attribute} {getattr(ours, attribute, None)!r} "
+                                 f"!= {getattr(value, attribute, None)!r}")
+            if hasattr(value, "__wrapped__") and not hasattr(ours, "__wrapped__"):
+                wrong.append(f"{where}: no __wrapped__")
+            try:
+                expected = inspect.signature(value)
+            except (TypeError, ValueError):        # a builtin without a text signature
+                continue
+            if inspect.signature(ours) != expected:
+                wrong.append(f"{where}: signature {inspect.signature(ours)} != {expected}")
+    assert compared > 100, compared
+    assert not wrong, "\n".join(wrong)
+
+
+def test_dynamo_imports_under_the_shim_and_compiles_a_cuda_function(shim):
+    """torch 2.14's dynamo reads torch.cuda.use_mem_pool.__wrapped__ at import; torch 2.4's
+    asserts that torch.cuda.Event and Stream derive from its stream bases."""
+    import torch
+    import torch._dynamo  # noqa: F401
+
+    @torch.compile(backend="eager")
+    def scaled(x):
+        return x * 2 if x.is_cuda else x
+
+    assert scaled(torch.ones(2, device="cuda")).tolist() == [2.0, 2.0]
