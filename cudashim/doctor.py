@@ -134,7 +134,7 @@ def _accelerator_kernels(device_type: str, out) -> None:
 def doctor(settings) -> int:
     import torch
 
-    from . import activation, patches, torch_range
+    from . import activation, patches, torch_names, torch_range
     from .backends import cpu_speed
 
     out = sys.stdout.write
@@ -142,6 +142,7 @@ def doctor(settings) -> int:
     out(f"python {platform.python_version()} on {platform.platform()}\n")
     out(f"torch {torch.__version__} (built with CUDA: {torch.version.cuda or 'no'}): "
         f"{torch_range.describe(torch.__version__)}\n")
+    out("".join(f"{line}\n" for line in torch_names.describe_absent()))
     try:
         backends.load_devices(settings)
     except BackendUnavailableError as exc:

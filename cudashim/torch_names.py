@@ -217,6 +217,30 @@ def turned_off(group: str) -> Optional[Tuple[str, str]]:
     return None
 
 
-def table() -> List[Tuple[Name, bool]]:
-    """[(entry, whether the running torch has it)], every entry, imports included."""
-    return [(name, _resolve(name.path, True) is not _MISSING) for name in NAMES.values()]
+# Modules torch imports only when a program uses them (each costs a second or more).
+LAZY_MODULES = ("torch._dynamo", "torch._inductor", "torch.utils.cpp_extension")
+
+
+def table(import_modules: bool = True) -> List[Tuple[Name, Optional[bool]]]:
+    """[(entry, whether the running torch has it)], every entry. ``import_modules=False``
+    leaves ``LAZY_MODULES`` unimported: an entry in one not imported yet is None."""
+    rows: List[Tuple[Name, Optional[bool]]] = []
+    for name in NAMES.values():
+        lazy = next((module for module in LAZY_MODULES if name.path.startswith(module + ".")), None)
+        if not import_modules and lazy is not None and lazy not in sys.modules:
+            rows.append((name, None))
+        else:
+            rows.append((name, _resolve(name.path, True) is not _MISSING))
+    return rows
+
+
+def describe_absent() -> List[str]:
+    """What ``cudashim doctor`` prints: each name this torch lacks and what cudashim does
+    instead (dynamo's and inductor's are checked when a program imports them)."""
+    rows = table(import_modules=False)
+    absent = [name for name, present in rows if present is False]
+    checked = sum(1 for _, present in rows if present is not None)
+    lines = [f"torch's private and newer names cudashim reads: {len(rows)}, {checked} checked now "
+             f"(dynamo's, inductor's and the extension builder's when a program imports them), {len(absent)} absent here"]
+    lines += [f"  {name.path}: {name.absent}: {name.without}" for name in absent]
+    return lines

@@ -66,7 +66,8 @@ def _trace_python_twins(activation):
 
     def patch(module):
         rule_map = torch_names.get("torch._dynamo.trace_rules.get_torch_obj_rule_map")
-        GuardBuilder = torch_names.get("torch._dynamo.guards.GuardBuilder")
+        ID_MATCH = torch_names.get("torch._dynamo.guards.GuardBuilder.ID_MATCH")
+        TYPE_MATCH = torch_names.get("torch._dynamo.guards.GuardBuilder.TYPE_MATCH")
         AttrSource = torch_names.get("torch._dynamo.source.AttrSource")
 
         VariableBuilder = module.VariableBuilder
@@ -78,11 +79,11 @@ def _trace_python_twins(activation):
                 if rule is not None:
                     # Torch's table was built after activation, so it names the wrapper
                     # itself (``torch.zeros``): an op in the graph, as the twin would be.
-                    self.install_guards(GuardBuilder.ID_MATCH)
+                    self.install_guards(ID_MATCH)
                     return rule.create_with_source(value, source=self.source)
                 # Guarded as dynamo guards a functools.partial: the wrapper's type, and the
                 # twin it traces by identity.
-                self.install_guards(GuardBuilder.TYPE_MATCH)
+                self.install_guards(TYPE_MATCH)
                 twin_source = AttrSource(self.get_source(), "python_twin")
                 return VariableBuilder(self.tx, twin_source)(value.python_twin)
             return original(self, value)

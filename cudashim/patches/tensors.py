@@ -9,6 +9,7 @@ import functools
 
 import torch
 
+from .. import torch_names
 from ..backends.host import HostStream
 from ..patching.by_caller import ByCaller, apply as apply_by_caller
 from ..patching.rewriter import DEVICE, apply, compiled_twin, rewrite
@@ -33,6 +34,19 @@ REWRITES = (
 # Pinning for a device (deprecated): translated on targets that pin; elsewhere install()
 # makes pinning a no-op.
 PINNING = tuple(rewrite(f"torch:Tensor.{name}", DEVICE) for name in ("pin_memory", "is_pinned"))
+
+
+def _pinning_for(device_type: str):
+    """PINNING, where pinning with no device pins for the target: torch pins for its build's
+    accelerator (CUDA on a CUDA build; before 2.5, CUDA always), so where that is not the
+    target a call naming none pins for the target, as CUDA's pins for CUDA."""
+    current_accelerator = torch_names.get("torch.accelerator.current_accelerator", None)
+    built_for = current_accelerator() if current_accelerator is not None else None
+    if built_for is not None and built_for.type == device_type:
+        return PINNING
+    return tuple(rewrite(declaration.target, DEVICE, missing="cuda") for declaration in PINNING)
+
+
 # The parameters install() translates.
 TRANSLATES = (("torch:Tensor.cuda", "device"), ("torch:TypedStorage.cuda", "device"),
               *((d.target, "device") for d in PINNING))
@@ -101,7 +115,7 @@ def install(activation):
             apply_by_caller(activation, ByCaller("torch:Tensor.get_device", _index_the_program_sees))
 
     if backend.can_pin_memory():
-        for declaration in PINNING:
+        for declaration in _pinning_for(backend.device_type):
             apply(activation, declaration)
     else:
         # Host memory is already where the target computes: pinning is a no-op there.
