@@ -179,27 +179,29 @@ def has(path: str, *, import_modules: bool = True) -> bool:
 
 
 def _resolve(path: str, import_modules: bool) -> Any:
+    """The object at ``path``, or _MISSING. The longest prefix already imported is tried first,
+    so that a name found there costs no import attempt; then, where allowed, modules are
+    imported (a module that fails on import is as good as absent)."""
     parts = path.split(".")
-    module: Optional[Any] = None
-    attributes: List[str] = []
     for cut in range(len(parts), 0, -1):
-        name = ".".join(parts[:cut])
-        if name in sys.modules:
-            module = sys.modules[name]
-        elif import_modules:
-            try:
-                module = importlib.import_module(name)
-            except ImportError:
-                continue
-            except Exception:          # a module that fails on import is as good as absent
-                continue
-        else:
-            continue
-        attributes = parts[cut:]
-        break
-    if module is None:
+        module = sys.modules.get(".".join(parts[:cut]))
+        if module is not None:
+            value = _attributes(module, parts[cut:])
+            if value is not _MISSING or not import_modules:
+                return value
+            break
+    if not import_modules:
         return _MISSING
-    value = module
+    for cut in range(len(parts), 0, -1):
+        try:
+            module = importlib.import_module(".".join(parts[:cut]))
+        except Exception:
+            continue
+        return _attributes(module, parts[cut:])
+    return _MISSING
+
+
+def _attributes(value: Any, attributes: List[str]) -> Any:
     for attribute in attributes:
         try:
             value = getattr(value, attribute)

@@ -192,6 +192,21 @@ class AcceleratorBackend(Backend):
         generators = self._vendor("default_generators")
         return generators[self._real(index)] if generators else torch.default_generator
 
+    @functools.cached_property
+    def _pins_memory(self) -> bool:
+        """Whether host memory pins for this device: torch before 2.5 pins for CUDA alone
+        (an out-of-tree device's pinning hooks came with 2.5), and some extensions have none."""
+        import warnings
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")      # naming the device is deprecated in 2.13
+                return torch.empty(1).pin_memory(self.device_type).is_pinned(self.device_type)
+        except (RuntimeError, NotImplementedError):
+            return False
+
+    def can_pin_memory(self) -> bool:
+        return self._pins_memory
+
     # --- streams and events: the extension's or torch's device-generic classes; cudashim's
     # host-ordered ones (host.py) where the extension has none (torchvulkan) ------------
     @functools.cached_property

@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import dataclasses
+import sys
 import threading
 import time
 from typing import Optional
@@ -106,6 +107,17 @@ class HostStream:
         event = event if event is not None else self.event_class()
         event.record(self)
         return event
+
+    # ``with stream:`` makes it current for the block, as torch's streams do from torch 2.7 on.
+    def __enter__(self):
+        cuda = sys.modules["torch.cuda"]          # the proxy: the program's current stream
+        self._entered_from = getattr(self, "_entered_from", []) + [cuda.current_stream()]
+        cuda.set_stream(self)
+        return self
+
+    def __exit__(self, *exc):
+        sys.modules["torch.cuda"].set_stream(self._entered_from.pop())
+        return False
 
     def __eq__(self, other):
         return isinstance(other, HostStream) and other.device == self.device

@@ -65,16 +65,17 @@ def _trace_python_twins(activation):
     compiled_types = tuple(getattr(activation.compiled, name) for name in TWINS)
 
     def patch(module):
-        rule_map = torch_names.get("torch._dynamo.trace_rules.get_torch_obj_rule_map")
-        ID_MATCH = torch_names.get("torch._dynamo.guards.GuardBuilder.ID_MATCH")
-        TYPE_MATCH = torch_names.get("torch._dynamo.guards.GuardBuilder.TYPE_MATCH")
-        AttrSource = torch_names.get("torch._dynamo.source.AttrSource")
-
         VariableBuilder = module.VariableBuilder
         original = VariableBuilder._wrap
 
         def _wrap(self, value):
             if type(value) in compiled_types and "python_twin" in getattr(value, "__dict__", ()):
+                # Read when first met, not when the builder is imported: dynamo's other modules
+                # may be half-imported then (torch 2.7 imports trace_rules after it).
+                rule_map = torch_names.get("torch._dynamo.trace_rules.get_torch_obj_rule_map")
+                ID_MATCH = torch_names.get("torch._dynamo.guards.GuardBuilder.ID_MATCH")
+                TYPE_MATCH = torch_names.get("torch._dynamo.guards.GuardBuilder.TYPE_MATCH")
+                AttrSource = torch_names.get("torch._dynamo.source.AttrSource")
                 rule = rule_map().get(value)
                 if rule is not None:
                     # Torch's table was built after activation, so it names the wrapper

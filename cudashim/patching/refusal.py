@@ -48,6 +48,8 @@ def stand_in(activation, refusal: Refusal, is_class: bool = False, answer: Any =
     if is_class:
         names = {"__module__": getattr(real, "__module__", module),
                  "__qualname__": getattr(real, "__qualname__", name), "__doc__": getattr(real, "__doc__", None)}
+        if hasattr(real, "__enter__"):       # a context manager class stays one
+            names.update(__enter__=lambda self: refuse(), __exit__=lambda self, *exc: refuse())
         return type(name, (), {"__new__": lambda cls, *a, **k: refuse(*a, **k), **names})
     refuse.__name__ = refuse.__qualname__ = name
     if callable(real):
