@@ -102,6 +102,13 @@ class PatchRegistry:
                 return patch.original
         return getattr(owner, name)
 
+    def revert_to(self, count: int) -> None:
+        """Undo the patches made after the first ``count``, newest first (a group that could
+        not finish takes back what it had done)."""
+        with self._lock:
+            while len(self._applied) > count:
+                _revert(self._applied.pop())
+
     def revert_all(self) -> List[str]:
         """Undo every patch, newest first; return the ones someone else had replaced since."""
         skipped = []

@@ -153,6 +153,24 @@ class TorchLacks(AttributeError):
         self.name = name
 
 
+def lacked_by_torch(error: BaseException) -> Optional[str]:
+    """The torch name ``error`` says the running torch lacks, or None where it says something
+    else: a ``TorchLacks``, an ``AttributeError`` raised on a torch module or class, an
+    ``ImportError`` of a torch module. What cudashim read directly (a ``REQUIRED`` name) and a
+    newer release removed is then told apart from a bug of cudashim's own."""
+    if isinstance(error, TorchLacks):
+        return error.name
+    if isinstance(error, ImportError) and (error.name or "").split(".")[0] == "torch":
+        return error.name
+    if isinstance(error, AttributeError) and getattr(error, "name", None):
+        owner = getattr(error, "obj", None)
+        where = getattr(owner, "__name__", "") if isinstance(owner, type(sys)) \
+            else getattr(owner, "__module__", "") or getattr(type(owner), "__module__", "")
+        if isinstance(where, str) and where.split(".")[0] == "torch":
+            return f"{getattr(owner, '__name__', where)}.{error.name}"
+    return None
+
+
 def entry(path: str) -> Name:
     try:
         return NAMES[path]

@@ -3,7 +3,9 @@ torch lacks it; on the installed torch no ``REQUIRED`` one is absent. CI runs th
 of the tested range (``torch_range``), so a release that moves one is found before a user does."""
 
 import ast
+import contextlib
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -95,9 +97,21 @@ def test_this_torch_has_every_required_name_and_the_rest_are_handled():
     assert not unhandled, f"torch {torch.__version__} lacks names cudashim requires: {unhandled}"
 
 
-def test_a_group_whose_name_this_torch_lacks_stays_off_with_one_warning_naming_the_torch(monkeypatch):
-    import warnings
+@contextlib.contextmanager
+def _activated_saying_of(group):
+    """cudashim active on the CPU for the block, which gets the warnings that named ``group``."""
+    import cudashim
 
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cudashim.activate("cpu")
+        try:
+            yield [str(w.message) for w in caught if f"'{group}'" in str(w.message)]
+        finally:
+            cudashim.deactivate()
+
+
+def test_a_group_whose_name_this_torch_lacks_stays_off_with_one_warning_naming_the_torch(monkeypatch):
     import torch
 
     import cudashim
@@ -106,18 +120,12 @@ def test_a_group_whose_name_this_torch_lacks_stays_off_with_one_warning_naming_t
     lacking = torch_names.Name("torch._no_such_binding", "profiler", torch_names.TURNS_OFF,
                                "ProfilerActivity.CUDA stays CUDA's")
     monkeypatch.setitem(torch_names.NAMES, lacking.path, lacking)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        cudashim.activate("cpu")
-        try:
-            said = [str(w.message) for w in caught if "'profiler'" in str(w.message)]
-            assert said == [f"cudashim leaves the 'profiler' patches off: torch {torch.__version__} has "
-                            f"no torch._no_such_binding (ProfilerActivity.CUDA stays CUDA's)"], said
-            off = dict(patches.states(cudashim.activation.current_activation().settings))
-            assert off["profiler"] and off["tensors"] is None
-            assert torch.ones(1).cuda().is_cuda          # the rest of cudashim works
-        finally:
-            cudashim.deactivate()
+    with _activated_saying_of("profiler") as said:
+        assert said == [f"cudashim leaves the 'profiler' patches off: torch {torch.__version__} has "
+                        f"no torch._no_such_binding (ProfilerActivity.CUDA stays CUDA's)"], said
+        off = dict(patches.states(cudashim.activation.current_activation().settings))
+        assert off["profiler"] and off["tensors"] is None
+        assert torch.ones(1).cuda().is_cuda          # the rest of cudashim works
 
 
 def test_a_name_not_in_the_table_is_refused_and_an_absent_one_falls_back():
@@ -134,3 +142,37 @@ def test_a_name_not_in_the_table_is_refused_and_an_absent_one_falls_back():
             torch_names.get(absent.path)
     finally:
         del torch_names.NAMES[absent.path]
+
+
+def test_a_required_name_a_newer_torch_removed_leaves_its_group_off_and_activation_alive(monkeypatch):
+    """A release that drops a name read directly: the group takes back what it patched and
+    stays off, with one warning naming the torch and the name; everything else still works."""
+    import torch
+
+    from cudashim.patches import profiler
+
+    real_install = profiler.install
+
+    def install_on_a_torch_without_the_binding(activation):
+        real_install(activation)
+        return torch._C._binding_a_newer_torch_removed
+
+    monkeypatch.setattr(profiler, "install", install_on_a_torch_without_the_binding)
+    real_enter = vars(torch.autograd.profiler.emit_nvtx)["__enter__"]
+    with _activated_saying_of("profiler") as said:
+        assert said == [f"cudashim leaves the 'profiler' patches off: torch {torch.__version__} "
+                        "has no torch._C._binding_a_newer_torch_removed"], said
+        assert vars(torch.autograd.profiler.emit_nvtx)["__enter__"] is real_enter   # taken back
+        assert torch.ones(1).cuda().is_cuda
+
+
+def test_a_bug_of_cudashims_own_is_not_taken_for_a_missing_torch_name(monkeypatch):
+    import cudashim
+    from cudashim.patches import profiler
+
+    def install_with_a_bug(activation):
+        return activation.no_such_attribute
+
+    monkeypatch.setattr(profiler, "install", install_with_a_bug)
+    with pytest.raises(AttributeError, match="no_such_attribute"):
+        cudashim.activate("cpu")

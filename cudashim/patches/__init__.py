@@ -117,6 +117,7 @@ def states(settings) -> List[Tuple[str, Optional[str]]]:
 
 def apply_all(activation) -> None:
     """Apply every group that is on: its declarations, then its code."""
+    from .. import torch_names
     from ..errors import warn_once
     from ..patching import by_caller, when_imported
     from ..patching import rewriter
@@ -126,13 +127,28 @@ def apply_all(activation) -> None:
             if activation.settings.is_enabled(name):
                 warn_once(f"group-{name}", f"cudashim leaves the '{name}' patches off: {off}")
             continue
-        module = group_module(name)
-        for declaration in getattr(module, "REWRITES", ()):
-            rewriter.apply(activation, declaration)
-        for declaration in getattr(module, "BY_CALLER", ()):
-            by_caller.apply(activation, declaration)
-        for declaration in getattr(module, "WHEN_IMPORTED", ()):
-            when_imported.apply(activation, declaration)
-        install = getattr(module, "install", None)
-        if install is not None:
-            install(activation)
+        done = len(activation.registry)
+        try:
+            _apply(activation, group_module(name), by_caller, when_imported, rewriter)
+        except Exception as error:
+            # A name this torch lacks never kills activation: the group takes back what it did
+            # and stays off, with one warning naming the torch and the name.
+            lacking = torch_names.lacked_by_torch(error)
+            if lacking is None:
+                raise
+            activation.registry.revert_to(done)
+            import torch
+            warn_once(f"group-{name}", f"cudashim leaves the '{name}' patches off: torch "
+                                       f"{torch.__version__} has no {lacking}")
+
+
+def _apply(activation, module, by_caller, when_imported, rewriter) -> None:
+    for declaration in getattr(module, "REWRITES", ()):
+        rewriter.apply(activation, declaration)
+    for declaration in getattr(module, "BY_CALLER", ()):
+        by_caller.apply(activation, declaration)
+    for declaration in getattr(module, "WHEN_IMPORTED", ()):
+        when_imported.apply(activation, declaration)
+    install = getattr(module, "install", None)
+    if install is not None:
+        install(activation)
