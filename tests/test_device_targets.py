@@ -45,6 +45,7 @@ def _doctor(*options):
 
 
 @pytest.mark.host                   # the CPU's float16 autocast follows the precision policy
+@pytest.mark.torch_range
 def test_a_cuda_program_sees_cuda_with_memory_of_its_own(tmp_path):
     """Copies, pinned non-blocking transfers, events and streams, generators, AMP with a
     scaler, checkpoints saved on the device and loaded on the host and the other way,

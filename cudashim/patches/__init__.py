@@ -13,6 +13,11 @@ A group is a module here that may declare:
 - ``SUPPORTED_TORCH = (lowest, below)``: the torch versions it supports (``below`` may be
   None). Outside them the group stays off, with one warning.
 
+A private or newer torch name a group reads is an entry of ``torch_names.NAMES``: where the
+running torch lacks one, the group does without it (the entry's fallback), or stays off with one
+warning naming the torch and the name, as it does when its install meets a name torch lacks (it
+takes back what it had patched first).
+
 Any group can be switched off with ``--disable GROUP`` / ``CUDASHIM_DISABLE``, as tracing
 libraries let users disable one integration; ``cudashim doctor`` lists which are on. The
 order matters only where one group's replacement calls another's: the proxy ``torch.cuda``

@@ -19,6 +19,7 @@
 #include "device.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/GeneratorForPrivateuseone.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/Stream.h>
@@ -328,6 +329,17 @@ const at::Generator& default_generator(c10::DeviceIndex index) {
   return generators[index];
 }
 
+// torch.Generator(device="shimdev:N"): torch 2.4 makes it through this registration (which 2.14
+// calls deprecated), 2.7 and later through the hooks' getNewGenerator; both give the same.
+at::Generator new_generator(c10::DeviceIndex index) {
+  if (index < 0) index = current_device;
+  check_index(index);
+  return at::make_generator<Generator>(index);
+}
+#if !TESTDEVICE_TORCH_SINCE(2, 7)
+REGISTER_GENERATOR_PRIVATEUSE1(new_generator)
+#endif
+
 at::Generator engine_of(const at::Generator& generator) {
   return static_cast<Generator*>(generator.unsafeGetGeneratorImpl())->engine;
 }
@@ -412,11 +424,7 @@ struct Hooks final : at::PrivateUse1HooksInterface {
   bool isAvailable() const { return device_count > 0; }
   const at::Generator& getDefaultGenerator(c10::DeviceIndex index) const { return default_generator(index); }
   const at::Generator& getDefaultGenerator(c10::DeviceIndex index) { return default_generator(index); }
-  at::Generator getNewGenerator(c10::DeviceIndex index) const {
-    if (index < 0) index = current_device;
-    check_index(index);
-    return at::make_generator<Generator>(index);
-  }
+  at::Generator getNewGenerator(c10::DeviceIndex index) const { return new_generator(index); }
   at::Device getDeviceFromPtr(void* address) const override {
     std::lock_guard<std::mutex> lock(memory_mutex);
     auto it = region_of(address);
