@@ -145,6 +145,7 @@ def test_fsdp_and_a_device_mesh_on_two_ranks_with_one_device_each(tmp_path):
         assert json.loads((tmp_path / "state.json").read_text()) == {"names": True, "equal": True}
 
 
+@pytest.mark.torch_range
 def test_the_hugging_face_trainer_trains_and_resumes(tmp_path):
     """transformers' Trainer under torchrun, two ranks, CUDA's fp16 AMP: the run resumed from
     its checkpoint repeats the uninterrupted run's losses."""
@@ -221,6 +222,7 @@ def test_spawned_ranks_take_one_device_each(tmp_path):
             assert rank == {**rank, "sum": [3.0, 3.0, 3.0], "is_cuda": True, "backend": "nccl"}
 
 
+@pytest.mark.torch_range
 def test_transformers_generates_the_same_tokens_as_on_the_cpu(tmp_path):
     pytest.importorskip("transformers")
 
