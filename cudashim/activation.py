@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional
 
 import wrapt
 
-from . import _settings, backends, callers, speedups
+from . import _settings, backends, callers, speedups, torch_names
 from .errors import warn_once
 from .registry import PatchRegistry
 
@@ -75,8 +75,19 @@ class Activation:
         this activation is live. Deactivation forgets the patch, so nothing of this
         activation outlives it through an import hook."""
         def if_live(module):
-            if self.live:
+            if not self.live:
+                return
+            try:
                 patch(module)
+            except Exception as error:
+                # A name this torch lacks never breaks the program's import: the patch is not
+                # made, with one warning naming the torch and the name.
+                lacking = torch_names.lacked_by_torch(error)
+                if lacking is None:
+                    raise
+                import torch
+                warn_once(f"import-{module_name}", f"cudashim leaves its patch of {module_name} out: "
+                                                   f"torch {torch.__version__} has no {lacking}")
 
         module = sys.modules.get(module_name)
         if module is not None:

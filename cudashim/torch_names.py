@@ -42,7 +42,8 @@ def _n(path, reader, absent, without=""):
 
 
 # Where a name's module is imported only when the program uses it (dynamo, inductor), its
-# absence is found then: the patch made on that import is skipped, with the warning.
+# absence is found then: the patch made on that import is left out, with one warning
+# (``Activation.when_imported``).
 NAMES: Dict[str, Name] = {name.path: name for name in (
     # --- public names newer than torch 2.4 ---------------------------------------------------
     _n("torch.accelerator", "torch_accelerator", FALLBACK,

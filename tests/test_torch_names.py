@@ -176,3 +176,26 @@ def test_a_bug_of_cudashims_own_is_not_taken_for_a_missing_torch_name(monkeypatc
     monkeypatch.setattr(profiler, "install", install_with_a_bug)
     with pytest.raises(AttributeError, match="no_such_attribute"):
         cudashim.activate("cpu")
+
+
+def test_a_patch_made_on_import_that_meets_a_missing_torch_name_is_left_out_and_the_import_works():
+    import torch
+
+    import cudashim
+    from cudashim.activation import current_activation
+
+    def patch_needing_a_removed_name(module):
+        return torch._C._binding_a_newer_torch_removed
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cudashim.activate("cpu")
+        try:
+            current_activation().when_imported("colorsys", patch_needing_a_removed_name)
+            import colorsys                              # imported by nothing before: the hook runs
+            assert colorsys.rgb_to_hsv(1.0, 0.0, 0.0)[0] == 0.0
+        finally:
+            cudashim.deactivate()
+    said = [str(w.message) for w in caught if "colorsys" in str(w.message)]
+    assert said == [f"cudashim leaves its patch of colorsys out: torch {torch.__version__} has no "
+                    "torch._C._binding_a_newer_torch_removed"], said
