@@ -34,6 +34,7 @@ BENCHMARKS = {
     "precision": (["precision.py"], ["--runs", "1"]),
     "graphs": (["graphs.py", "--rounds", "5", "--steps", "40"], ["--rounds", "2", "--steps", "10"]),
     "data_parallel": (["data_parallel.py", "--steps", "30", "--rounds", "4"], ["--steps", "10", "--rounds", "2"]),
+    "copies": (["copies.py"], ["--quick"]),
     "scan": (["scan.py"], ["--files", "200", "--repeats", "1"]),
     "scan_agreement": (["scan_agreement.py"], []),
 }
@@ -207,6 +208,21 @@ def render_data_parallel(result):
     return "One process, several devices", lines
 
 
+def render_copies(result):
+    lines = ["`python benchmarks/copies.py`: what the copies between host and device cost on the CPU "
+             "backend, where torch alone would alias (`cudashim/residency.py`). Each program runs under "
+             "cudashim with the copies and without them (`--disable residency`), rounds alternating; "
+             "median times after warm-up, the middle half of the per-step ratios alongside, and the "
+             "copies one run made (counted by the report).", "",
+             "| program | target | with copies | without | ratio (middle half) | copies per run | met |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for row in result["rows"]:
+        low, high = row["ratio_spread"]
+        lines.append(f"| {row['what']} | {row['target']} | {ms(row['with_copies_ms'])} | {ms(row['without_ms'])} | "
+                     f"{row['ratio']:.3f}x ({low:.3f}-{high:.3f}) | {row['copies_per_run']} | {row['met']} |")
+    return "Copies between host and device", lines
+
+
 def render_scan(result):
     lines = ["`python benchmarks/scan.py`: `cudashim scan --json` over generated CUDA programs, best "
              "of the repeats.", "", "| | seconds | files/s |", "| --- | --- | --- |",
@@ -232,7 +248,8 @@ def render_scan_agreement(result):
 
 
 RENDERERS = {"kernels": render_kernels, "overhead": render_overhead, "precision": render_precision,
-             "graphs": render_graphs, "data_parallel": render_data_parallel, "scan": render_scan,
+             "graphs": render_graphs, "data_parallel": render_data_parallel, "copies": render_copies,
+             "scan": render_scan,
              "scan_agreement": render_scan_agreement}
 
 

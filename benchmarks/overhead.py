@@ -60,7 +60,9 @@ CALLS = [
     ("torch.zeros(4)", "+30 ns", "torch.zeros(4)", "torch.zeros(4)"),
     ('torch.empty(4, device=cpu_device)', "+30 ns", "torch.empty(4, device=cpu_device)",
      "torch.empty(4, device=cpu_device)"),
-    ('t.to("cpu")', "+30 ns", 't.to("cpu")', 't.to("cpu")'),
+    ('h.to("cpu")', "+30 ns", 'h.to("cpu")', 'h.to("cpu")'),
+    # a move between host and device: a copy, as CUDA's (lazy: its memcpy waits for a write)
+    ("host-to-device copy, 1 MiB: big.cuda()", "1.00x", "big.cuda()", "big.clone()"),
 ]
 # name, target, shimmed statement, torch's own statement in the same activated process. Both
 # sides reach their function the same way: a load of ``torch.abs`` costs 130-160 ns by itself
@@ -85,6 +87,7 @@ def measure_pairs():
     """PAIRS in one activated process, the two sides taking turns loop by loop."""
     env = namespace()
     cudashim.activate("cpu")
+    place_on_the_device(env)
     env.update(shimmed_abs=torch.abs, shimmed_zeros=torch.zeros, shimmed_linear=F.linear,
                original_abs=cudashim.get_original(torch, "abs"),
                original_zeros=cudashim.get_original(torch, "zeros"),
@@ -131,15 +134,24 @@ def namespace():
 
     return {"torch": torch, "F": F, "a": torch.randn(16), "b": torch.randn(16),
             "x": torch.randn(8, 32), "w": torch.randn(32, 32), "t": torch.randn(4),
-            "cpu_device": torch.device("cpu"), "mlp_step": mlp_step}
+            "cpu_device": torch.device("cpu"), "mlp_step": mlp_step, "big": torch.randn(256, 1024)}
+
+
+def place_on_the_device(env):
+    """In an activated process: ``t`` on the device and ``h`` on the host, each placed there by
+    a move, so that a move to where it is returns it (natively, both are one host tensor)."""
+    env["t"] = env["t"].cuda()
+    env["h"] = env["t"].cpu()
 
 
 def measure_calls(shimmed, target_seconds):
     """One process's per-call times in ns: cudashim activated once, as programs do (a
     process that activates and deactivates over and over measures slower than either)."""
     env = namespace()
+    env["h"] = env["t"]
     if shimmed:
         cudashim.activate("cpu")
+        place_on_the_device(env)
     times = {}
     for name, _, shim_statement, native_statement in CALLS:
         timer = timeit.Timer(shim_statement if shimmed else native_statement, globals=env)

@@ -43,6 +43,10 @@ class Activation:
     precision: Any = None              # precision.PrecisionPolicy (None when passing through)
     compiled: Any = None               # cudashim._speedups where it runs (see speedups.py), else None
     callers: Any = None                # callers.CallerPolicy: who hears the truth
+    residency: Any = None              # residency.Residency where device memory is host memory
+    # torch's function -> make(function): what a rewrite of it wraps in torch's place, so that a
+    # group's change beneath the device translation is still one patch of that name
+    beneath: dict = dataclasses.field(default_factory=dict)
     live: bool = True                  # False once deactivated: late hooks then patch nothing
     waiting_for_imports: list = dataclasses.field(default_factory=list)   # (module, patch)
 

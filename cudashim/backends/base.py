@@ -126,6 +126,10 @@ class Backend:
 
     # Whether several CUDA indices stand for one real device (the CPU's virtual devices).
     shares_devices = False
+    # Whether the target's device memory is the host's own, with one device type for both
+    # (the CPU backend): then torch's move between them is an alias, and cudashim makes the
+    # copy CUDA makes (``cudashim.residency``).
+    device_memory_is_host = False
 
     @cuda_api
     def device_count(self) -> int:

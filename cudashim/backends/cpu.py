@@ -43,6 +43,7 @@ class CPUBackend(HostStreams, Backend):
     deepspeed_accelerator = "cpu"
     honours_device_count = True
     shares_devices = True                      # every virtual cuda:N is host memory
+    device_memory_is_host = True               # moves copy where CUDA's do (residency.py)
 
     def __init__(self, settings):
         super().__init__(settings)

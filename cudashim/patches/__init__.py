@@ -43,6 +43,7 @@ GROUPS: Tuple[str, ...] = (
     "frameworks",      # DeepSpeed on its accelerator for the target; Lightning, Accelerate on CUDA
     "version_gates",   # torch.version.cuda, torch.backends.cuda.is_built(): by who asks
     "device_objects",  # torch.device, Generator, set_default_device, get_device_module
+    "residency",       # host-device moves are copies where device memory is host memory
     "factories",       # torch.zeros(..., device="cuda") and every other constructor
     "tensors",         # Tensor.to/cuda/is_cuda/new_*/pin_memory, storages
     "legacy_types",    # torch.cuda.FloatTensor as a value: Tensor.type, set_default_tensor_type

@@ -13,6 +13,7 @@ from .. import torch_names
 from ..backends.host import HostStream
 from ..patching.by_caller import ByCaller, apply as apply_by_caller
 from ..patching.rewriter import DEVICE, apply, compiled_twin, rewrite
+from ..residency import DEVICE as DEVICE_SIDE, PINNED as PINNED_SIDE
 
 REWRITES = (
     # Tensor.to(self, *args, **kwargs): the device, when given, is the first positional.
@@ -96,11 +97,14 @@ def install(activation):
 
     translate_cuda = activation.translator.for_api("Tensor.cuda")
 
+    residency = activation.residency
+
     def cuda(self, device=None, non_blocking=False, memory_format=torch.preserve_format):
         target = translate_cuda("cuda" if device is None else device)
-        return real_to(self, device=target, non_blocking=non_blocking, memory_format=memory_format)
+        result = real_to(self, device=target, non_blocking=non_blocking, memory_format=memory_format)
+        return result if residency is None else residency.moved(self, result, DEVICE_SIDE, "Tensor.cuda")
 
-    if compiled is not None:           # t.cuda() and t.cuda(i) without a Python frame
+    if compiled is not None and residency is None:   # t.cuda() and t.cuda(i) without a Python frame
         # To host memory, Tensor.cpu() is the same move as to(cpu) with less argument parsing.
         host = backend.target_device(None) if backend.device_type == "cpu" else None
         cuda = compiled_twin(compiled.DefaultDevice(
@@ -118,14 +122,20 @@ def install(activation):
         for declaration in _pinning_for(backend.device_type):
             apply(activation, declaration)
     else:
-        # Host memory is already where the target computes: pinning is a no-op there.
+        # Host memory is already where the target computes: nothing to pin. Where device
+        # memory is host memory, pinning still returns a copy, as CUDA's does, which a move
+        # to the device copies again (a staging buffer refilled after its non-blocking move).
         def pin_memory(self, device=None):
-            activation.count("Tensor.pin_memory", "a no-op: host memory is the target's")
-            return self
+            if residency is None:
+                activation.count("Tensor.pin_memory", "a no-op: host memory is the target's")
+                return self
+            return residency.moved(self, self, PINNED_SIDE, "Tensor.pin_memory")
+
+        def is_pinned(self, device=None):
+            return residency is not None and residency.side_of(self) == PINNED_SIDE
 
         activation.replace(T, "pin_memory", lambda original: functools.wraps(original)(pin_memory))
-        activation.replace(T, "is_pinned", lambda original: functools.wraps(original)(
-            lambda self, device=None: False))
+        activation.replace(T, "is_pinned", lambda original: functools.wraps(original)(is_pinned))
 
     def make_record_stream(original):
         def record_stream(self, stream):

@@ -172,7 +172,9 @@ def apply(activation, declaration: Rewrite) -> None:
             return
         wrapper = type(original) if isinstance(original, (staticmethod, classmethod)) else None
         function = original.__func__ if wrapper else original      # rewrite the function inside
-        replacement = rewritten(activation, declaration, function)
+        beneath = activation.beneath.get(function)
+        inner = function if beneath is None else beneath(function)
+        replacement = rewritten(activation, declaration, inner)
         if replacement is function:
             return                   # nothing to rewrite on this target
         if wrapper:

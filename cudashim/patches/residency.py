@@ -1,0 +1,116 @@
+"""Moves between host and device are copies where device memory is host memory (the CPU backend).
+
+The moves a program makes by name are patched here, beneath the device translation the
+``tensors``, ``factories`` and ``modules`` groups put on top of them: those hand these functions
+the target's device, which on the CPU backend is one device object (``backend.target_device``),
+so a move to it is a move to the device. ``cudashim.residency`` decides what each returns.
+``Tensor.cuda`` and pinning, which the ``tensors`` group patches, read ``activation.residency``.
+
+A destination read off a tensor (``t.to(other.device)``) is the host device either way: such a
+move keeps torch's answer, as a move within one side does on CUDA.
+"""
+
+import functools
+
+import torch
+
+from ..residency import DEVICE, HOST, Residency
+
+
+def destination(backend, translator):
+    """``spec -> side``: DEVICE, HOST, or None where the spec does not say."""
+    device_object = backend.target_device(None)
+    named, real_device = translator.named, torch._C.device
+
+    def side_of_spec(spec, residency):
+        if spec is device_object:
+            return DEVICE
+        cls = spec.__class__
+        if cls is str:
+            return HOST if spec == "cpu" or spec.startswith("cpu:") else None
+        if cls is real_device:
+            return HOST if spec is named.get("cpu") else None
+        if isinstance(spec, torch.Tensor):         # to(other): where the other tensor is
+            side = residency.side_of(spec)
+            return HOST if side is not None and residency.is_host(spec) else side
+        return None
+
+    return side_of_spec
+
+
+def install(activation):
+    backend = activation.backend
+    if not getattr(backend, "device_memory_is_host", False) or activation.translator is None:
+        return
+    residency = Residency(activation.count if activation.reporting else None)
+    activation.residency = residency
+    side_of_spec = destination(backend, activation.translator)
+    moved = residency.moved
+
+    def make_to(original):
+        @functools.wraps(original)
+        def to(self, *args, **kwargs):
+            result = original(self, *args, **kwargs)
+            spec = args[0] if args else kwargs.get("device")
+            side = side_of_spec(spec, residency) if spec is not None else None
+            return result if side is None else moved(self, result, side, "Tensor.to")
+        return to
+
+    def make_cpu(original):
+        @functools.wraps(original)
+        def cpu(self, *args, **kwargs):
+            return moved(self, original(self, *args, **kwargs), HOST, "Tensor.cpu")
+        return cpu
+
+    def make_as_tensor(original):
+        @functools.wraps(original)
+        def as_tensor(data, *args, **kwargs):
+            result = original(data, *args, **kwargs)
+            if not isinstance(data, torch.Tensor):
+                return result
+            spec = args[1] if len(args) > 1 else kwargs.get("device")
+            side = side_of_spec(spec, residency) if spec is not None else None
+            return result if side is None else moved(data, result, side, "torch.as_tensor")
+        return as_tensor
+
+    # Beneath the device translation of Tensor.to and as_tensor (one patch each), or in torch's
+    # place where nothing translates them.
+    beneath(activation, torch.Tensor, "to", make_to)
+    beneath(activation, torch, "as_tensor", make_as_tensor)
+    activation.replace(torch.Tensor, "cpu", make_cpu)
+    _install_module_moves(activation, residency, side_of_spec)
+
+
+def beneath(activation, owner, name, make):
+    """``make(torch's function)`` for the rewrite of ``owner.name`` to wrap."""
+    activation.beneath[vars(owner).get(name, getattr(owner, name))] = make
+
+
+def _install_module_moves(activation, residency, side_of_spec):
+    """``Module.to``/``cuda``/``cpu``: each tensor moves as a tensor does (above), a view into a
+    larger unplaced storage stays, and every parameter and buffer is placed afterwards."""
+    Module = torch.nn.Module
+
+    def make_to(original):
+        @functools.wraps(original)
+        def to(self, *args, **kwargs):
+            spec = args[0] if args else kwargs.get("device", kwargs.get("tensor"))
+            side = side_of_spec(spec, residency) if spec is not None else None
+            if side is None:
+                return original(self, *args, **kwargs)
+            with residency.module_move(self, side):
+                return original(self, *args, **kwargs)
+        return to
+
+    def make_fixed(side):
+        def make(original):
+            @functools.wraps(original)
+            def move(self, *args, **kwargs):
+                with residency.module_move(self, side):
+                    return original(self, *args, **kwargs)
+            return move
+        return make
+
+    beneath(activation, Module, "to", make_to)
+    activation.replace(Module, "cuda", make_fixed(DEVICE))
+    activation.replace(Module, "cpu", make_fixed(HOST))

@@ -1,0 +1,137 @@
+"""Which side of the bus a tensor is on, where device memory is host memory.
+
+On the CPU backend a CUDA tensor and a host tensor are the same kind of tensor, so torch's own
+move between them returns its input: an alias where CUDA makes a copy. CUDA programs rely on
+that copy (a best-weights snapshot taken with ``.cpu()``, a pinned staging buffer refilled after
+``.to("cuda", non_blocking=True)``, an array edited after ``.cpu().numpy()``). ``Residency``
+remembers the side of each tensor a move placed, and a move returns its input only where the
+tensor is known to be at the destination already; any other move is a copy.
+
+The copy is lazy: ``torch._lazy_clone`` shares the memory until either side writes to it, so a
+move whose source is dropped (``model.cuda()`` of a host model) or never written copies nothing,
+and a write pays the memcpy CUDA paid up front. Where it cannot (storages torch does not own:
+numpy's, shared memory's) or this torch lacks it, the copy is a clone.
+
+Where a tensor's side is not known (the result of an op, a factory's tensor), a move is a copy
+in either direction: data are never aliased where CUDA copies, and an alias is lost only where
+a program moves an unplaced tensor to where it already is, which costs a lazy copy and no
+memcpy. A module's move is the other way round: its parameters and buffers of unknown side
+stay, and are placed where the module went. A module moves itself in place, so nothing of
+the program's still points to the memory it leaves, while views into a framework's flattened
+buffer, buffers a program also holds, and tied weights must stay what they were.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from typing import Optional
+
+import torch
+
+from . import torch_names
+
+DEVICE, HOST, PINNED = "device", "host", "pinned host"
+_HOST_SIDES = (HOST, PINNED)
+
+
+def _plain_dense(tensor) -> bool:
+    """Tensors whose move torch makes itself: plain and strided (not a subclass that moves
+    itself, not sparse or nested)."""
+    return (tensor.__class__ is torch.Tensor or tensor.__class__ is torch.nn.Parameter) \
+        and tensor.layout is torch.strided
+
+
+class Residency:
+    """The side of every tensor a move placed, and the moves that honour it.
+
+    Keyed by the tensor object (``id`` with a weak reference that forgets it when the tensor
+    dies), so marking costs nothing until a move and a lookup is one dict probe.
+    """
+
+    def __init__(self, count=None):
+        self._sides: dict = {}
+        self._count = count
+        self._local = threading.local()
+        self._lazy_clone = torch_names.get("torch._lazy_clone", None)
+        self._compiling = torch.compiler.is_compiling
+        self._tracing = torch.jit.is_tracing
+        self.copies = 0
+
+    # --- sides ---------------------------------------------------------------------------
+    def side_of(self, tensor) -> Optional[str]:
+        entry = self._sides.get(id(tensor))
+        return entry[0] if entry is not None else None
+
+    def place(self, tensor, side: str):
+        key, sides = id(tensor), self._sides
+
+        def forget(reference, key=key):
+            entry = sides.get(key)
+            if entry is not None and entry[1] is reference:
+                del sides[key]
+
+        try:
+            sides[key] = (side, weakref.ref(tensor, forget))
+        except TypeError:
+            pass
+        return tensor
+
+    def is_host(self, tensor) -> bool:
+        return self.side_of(tensor) in _HOST_SIDES
+
+    # --- moves ---------------------------------------------------------------------------
+    def copy(self, tensor, side: str, api: str = "a move"):
+        """A copy of ``tensor`` placed on ``side``: lazy where torch can share the memory."""
+        result = None
+        if self._lazy_clone is not None:
+            try:
+                result = self._lazy_clone(tensor)
+            except RuntimeError:         # a storage torch does not own (numpy's, shared memory)
+                result = None
+        if result is None:
+            result = tensor.clone()
+        self.copies += 1
+        if self._count is not None:
+            self._count(f"{api}, a copy", f"a copy to the {side}, as CUDA's (device memory is host memory)")
+        return self.place(result, side)
+
+    def moved(self, tensor, result, side: Optional[str], api: str = "a move"):
+        """What a move of ``tensor`` to ``side`` returns, given torch's own ``result`` (the
+        tensor itself where it stays in host memory). ``side`` None: the destination is not
+        known (a device object read off a tensor), so torch's answer stands."""
+        if side is None:
+            return result
+        if result is not tensor:          # torch converted or copied: place what it made
+            if result.__class__ is torch.Tensor:
+                self.place(result, side)
+            return result
+        known = self.side_of(tensor)
+        if known == side or (side == HOST and known == PINNED):
+            return tensor
+        if known is None and self.moving_module:
+            return tensor                 # a module's own tensor of unknown side stays (above)
+        if not _plain_dense(tensor) or self._compiling() or self._tracing():
+            return result                 # a graph being recorded moves as torch's own code does
+        return self.copy(tensor, side, api)
+
+    # --- modules -------------------------------------------------------------------------
+    @property
+    def moving_module(self) -> bool:
+        return getattr(self._local, "moving_module", False)
+
+    @contextlib.contextmanager
+    def module_move(self, module, side: str):
+        """Around ``Module.to``/``cuda``/``cpu``: parameters keep their objects (torch swaps
+        their ``.data``), so each is placed on ``side`` afterwards."""
+        outer = self.moving_module
+        self._local.moving_module = True
+        try:
+            yield
+        finally:
+            self._local.moving_module = outer
+        for tensor in module.parameters():
+            self.place(tensor, side)
+        for tensor in module.buffers():
+            self.place(tensor, side)

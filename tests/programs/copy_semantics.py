@@ -1,0 +1,193 @@
+"""A CUDA program that relies on moves between host and device being copies.
+
+Each idiom is one a real training or inference program uses; each check is True where a move
+between host and device copies (CUDA) and a move to where a tensor already is returns it. The
+results go to the JSON file named by the first argument.
+"""
+
+import copy
+import json
+import sys
+import threading
+
+import torch
+import torch.nn as nn
+
+torch.manual_seed(0)
+device = torch.device("cuda")
+checks = {}
+
+
+def check(name, value):
+    checks[name] = bool(value)
+
+
+# --- the moves themselves -------------------------------------------------------------------
+x = torch.ones(3)
+y = x.cuda()
+y.add_(1)
+check("cuda() copies", x.tolist() == [1, 1, 1])
+
+g = torch.ones(3, device="cuda")
+h = g.cpu()
+h.mul_(5)
+check("cpu() copies", g.cpu().tolist() == [1, 1, 1])
+
+n = torch.ones(3, device="cuda")
+a = n.cpu().numpy()
+a[0] = 7
+check("cpu().numpy() copies", n.cpu().tolist() == [1, 1, 1])
+
+p = torch.ones(3).pin_memory()
+q = p.to("cuda", non_blocking=True)
+torch.cuda.synchronize()
+p.fill_(9)
+check("non-blocking from pinned copies", q.cpu().tolist() == [1, 1, 1])
+pinned = p.is_pinned()          # where the target pins host memory at all
+
+d = torch.ones(4).to(device)
+check("to(device) of a device tensor is itself", d.to(device) is d and d.cuda() is d and d.to("cuda:0") is d)
+host = d.cpu()
+check("cpu() of a host tensor is itself", host.cpu() is host and host.to("cpu") is host)
+converted = torch.ones(2, dtype=torch.float64).to(device, torch.float32)
+converted.add_(1)
+check("to(device, dtype) converts", converted.dtype == torch.float32)
+check("to(copy=True) copies", d.to(device, copy=True) is not d)
+
+source = torch.arange(4.0)
+check("as_tensor(device=) copies", torch.as_tensor(source, device=device).add_(1) is not None
+      and source.tolist() == [0, 1, 2, 3])
+check("tensor(t, device=) copies", torch.tensor(source, device=device).add_(1) is not None
+      and source.tolist() == [0, 1, 2, 3])
+
+
+# --- a small model trained as programs train ----------------------------------------------
+def batches(count, seed):
+    generator = torch.Generator().manual_seed(seed)
+    return [(torch.randn(16, 8, generator=generator), torch.randn(16, 1, generator=generator))
+            for _ in range(count)]
+
+
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)).cuda()
+weight = model[0].weight
+model.cuda()
+check("module.cuda() again keeps its parameters", model[0].weight is weight)
+optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
+
+
+def step(inputs, targets):
+    loss = nn.functional.mse_loss(model(inputs.cuda()), targets.cuda())
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+# early stopping: the best epoch's weights, kept on the host, restored at the end
+train = batches(4, 1)
+best, best_reference, losses = None, None, []
+for epoch in range(3):
+    losses.append(sum(step(*batch) for batch in train))
+    if epoch == 1:            # the epoch the program judged best
+        best = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+        best_reference = copy.deepcopy({k: v.detach().clone() for k, v in model.state_dict().items()})
+model.load_state_dict(best)
+check("early stopping restores the best epoch",
+      all(torch.equal(model.state_dict()[k].cpu(), best_reference[k].cpu()) for k in best))
+
+# optimizer state snapshot to the host, as a best-checkpoint keeps it (Adam's step count is a
+# host tensor on CUDA too: its .cpu() is itself)
+state = optimizer.state[weight]
+snapshot = {k: v.cpu() for k, v in state.items() if k != "step"}
+reference = {k: v.detach().clone().cpu() for k, v in snapshot.items()}
+step(*train[0])
+check("optimizer state snapshot on the host stays", all(torch.equal(snapshot[k], reference[k]) for k in snapshot))
+
+# an exponential moving average of the weights kept on the host (EMA/SWA)
+ema = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
+before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+for k, v in model.state_dict().items():
+    ema[k].mul_(0.5).add_(v.detach().cpu(), alpha=0.5)
+    ema[k].mul_(0.9)
+check("host EMA leaves the model alone", all(torch.equal(model.state_dict()[k], before[k]) for k in before))
+
+# a checkpoint written by a background thread while training goes on
+saved_at = {k: v.detach().clone() for k, v in model.state_dict().items()}
+host_state = {k: v.cpu() for k, v in model.state_dict().items()}
+path = sys.argv[1] + ".ckpt.pt"
+disk_ready = threading.Event()
+writer = threading.Thread(target=lambda: (disk_ready.wait(), torch.save(host_state, path)))
+writer.start()
+for batch in train:
+    step(*batch)
+disk_ready.set()
+writer.join()
+written = torch.load(path, map_location="cuda")
+check("a checkpoint written during training holds the weights of its step",
+      all(torch.equal(written[k], saved_at[k]) for k in saved_at))
+
+# post-processing that edits the array in place, while the output is used again
+outputs = model(torch.randn(8, 8).cuda())
+kept = outputs.detach().clone()
+scores = outputs.detach().cpu().numpy()
+scores *= 100
+scores[scores < 0] = 0
+check("editing the array leaves the device output", torch.equal(outputs.detach(), kept))
+
+# a prefetcher that refills one pinned staging buffer after each non-blocking move
+staging = torch.empty(16, 8).pin_memory()
+stream = torch.cuda.Stream()
+arrived, sources = [], batches(3, 2)
+for inputs, _ in sources:
+    staging.copy_(inputs)
+    with torch.cuda.stream(stream):
+        arrived.append(staging.to(device, non_blocking=True))
+    torch.cuda.current_stream().wait_stream(stream)
+torch.cuda.synchronize()
+check("a reused pinned staging buffer", all(torch.equal(got.cpu(), inputs) for got, (inputs, _) in zip(arrived, sources)))
+
+# a DataLoader's pinned batches, moved
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.arange(8.0)), batch_size=4,
+                                     pin_memory=True)
+pinned_batch = next(iter(loader))[0]
+moved = pinned_batch.cuda(non_blocking=True)
+moved.zero_()
+check("a pinned batch moved is a copy", pinned_batch.tolist() == [0, 1, 2, 3])
+
+# activations offloaded to the host by saved-tensor hooks, an in-place op after saving
+layer = nn.Linear(8, 8).cuda()
+inputs = torch.randn(4, 8).cuda()
+
+
+def forward(offload):
+    hidden = layer(inputs)
+    if offload:
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t.cpu(), lambda t: t.cuda()):
+            out = hidden * hidden
+    else:
+        out = hidden * hidden
+    hidden.data.add_(1)       # the activation's device memory reused after it was offloaded
+    layer.zero_grad()
+    out.sum().backward()
+    return layer.weight.grad.clone()
+
+
+with torch.no_grad():
+    plain_hidden = layer(inputs)
+expected = torch.autograd.grad((layer(inputs) * layer(inputs)).sum(), layer.weight)[0]
+check("offloaded activations keep their values", torch.allclose(forward(True), expected, atol=1e-5))
+
+# a module whose parameters are views into one flat buffer (as optimizers that flatten make)
+flat_model = nn.Linear(4, 4).cuda()
+parameters = list(flat_model.parameters())
+flat = torch.cat([p.detach().reshape(-1) for p in parameters])
+offset = 0
+for parameter in parameters:
+    parameter.data = flat[offset:offset + parameter.numel()].view_as(parameter)
+    offset += parameter.numel()
+flat_model.to(device)
+flat.add_(1)
+check("flat-buffer views stay views after module.to", torch.equal(flat_model.bias.detach(), flat[-4:]))
+
+with open(sys.argv[1], "w") as out:
+    json.dump({"checks": checks, "losses": losses, "pinned": pinned}, out, indent=1)

@@ -1,0 +1,168 @@
+"""Moves between host and device copy where device memory is host memory, as they do on CUDA.
+
+On the CPU backend torch's own move between "cuda" and the host is an alias. The program
+``tests/programs/copy_semantics.py`` relies on the copy as real programs do (a best-weights
+snapshot, a host EMA, a checkpoint written while training goes on, a pinned staging buffer, an
+array edited after ``.cpu().numpy()``, activations offloaded by saved-tensor hooks); it runs on
+the CPU backend and on the targets whose copies are real, which must agree.
+"""
+
+import json
+
+import pytest
+
+from conftest import python
+from targets import targets
+
+
+def _copy_semantics(tmp_path, target=None):
+    name = target.name if target else "cpu"
+    out = tmp_path / f"{name}.json"
+    result = python("-m", "cudashim", *(target.options if target else ()), "tests/programs/copy_semantics.py",
+                    str(out), timeout=600)
+    assert result.returncode == 0, f"{name}: {result.stderr[-4000:]}"
+    return json.loads(out.read_text())
+
+
+def test_programs_that_rely_on_copies_see_them_on_every_target(tmp_path):
+    cpu = _copy_semantics(tmp_path)
+    assert cpu["checks"] and all(cpu["checks"].values()), [k for k, v in cpu["checks"].items() if not v]
+    assert cpu["pinned"] is True           # pin_memory() returns pinned memory, as CUDA's does
+    for target in targets():
+        seen = _copy_semantics(tmp_path, target)
+        assert seen["checks"] == cpu["checks"], target.name
+        assert seen["pinned"] is target.pins_memory, target.name
+        assert seen["losses"] == pytest.approx(cpu["losses"], rel=1e-5), target.name
+
+
+def _storage_shared(a, b) -> bool:
+    """Whether two tensors' storages are one memory (reading the pointer ends a lazy copy)."""
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def test_a_move_to_where_a_tensor_is_returns_it(shim):
+    import torch
+    on_device = torch.ones(3).cuda()
+    assert on_device.cuda() is on_device and on_device.to("cuda") is on_device
+    assert on_device.to(torch.device("cuda:0")) is on_device and on_device.to(0) is on_device
+    on_host = on_device.cpu()
+    assert on_host is not on_device
+    assert on_host.cpu() is on_host and on_host.to("cpu") is on_host
+    assert on_host.to(torch.device("cpu")) is on_host
+    # a device read off a tensor does not say which side it means: torch's answer stands
+    assert on_device.to(on_device.device) is on_device and on_host.to(on_host.device) is on_host
+    # a conversion is torch's own new tensor, placed where it went
+    half = on_host.to("cuda", torch.float16)
+    assert half.dtype == torch.float16 and half.cuda() is half
+
+
+def test_moves_copy_in_both_directions_and_lazily(shim):
+    import torch
+    host = torch.arange(6.0)
+    device = host.cuda()
+    assert torch.equal(device, host)
+    device.add_(1)                                   # the write pays the copy, CUDA paid at the move
+    assert host.tolist() == [0, 1, 2, 3, 4, 5] and device.tolist() == [1, 2, 3, 4, 5, 6]
+    back = device.to("cpu", non_blocking=True)
+    assert back is not device and torch.equal(back, device)
+    device.mul_(0)
+    assert back.tolist() == [1, 2, 3, 4, 5, 6]
+    copied = torch.arange(4.0).to(torch.device("cuda"))
+    host_copy = copied.cpu()
+    is_lazy = getattr(torch._C, "_is_cow_tensor", None)      # a private probe: where torch has it
+    if is_lazy is not None:
+        assert is_lazy(copied) and is_lazy(host_copy)        # no memcpy until either side writes
+        host_copy.add_(1)
+        assert not is_lazy(host_copy) and copied.tolist() == [0, 1, 2, 3]
+    # autograd flows through a copy, as through CUDA's
+    leaf = torch.ones(2, requires_grad=True)
+    (leaf.cuda() * 3).sum().backward()
+    assert leaf.grad.tolist() == [3.0, 3.0]
+
+
+def test_memory_torch_does_not_own_is_copied_at_once(shim):
+    """numpy's memory (torch.from_numpy) cannot be shared lazily: the copy is made at the move,
+    so a write through the array later does not reach the device."""
+    import numpy as np
+    import torch
+    array = np.ones(3, dtype=np.float32)
+    device = torch.from_numpy(array).cuda()
+    array[0] = 5
+    assert device.tolist() == [1, 1, 1]
+
+
+def test_without_lazy_copies_a_move_clones(monkeypatch):
+    """A torch without ``_lazy_clone`` (torch_names' fallback): the same answers, copied at once."""
+    from cudashim import torch_names
+    real_get = torch_names.get
+    monkeypatch.setattr(torch_names, "get",
+                        lambda path, default=None: default if path == "torch._lazy_clone" else real_get(path, default))
+    import torch
+    import cudashim
+    cudashim.activate("cpu")
+    try:
+        host = torch.ones(3)
+        device = host.cuda()
+        assert not _storage_shared(host, device)
+        device.add_(1)
+        assert host.tolist() == [1, 1, 1] and device.cuda() is device
+    finally:
+        cudashim.deactivate()
+
+
+def test_modules_move_in_place_and_keep_what_they_share(shim):
+    """A module's own tensors of unknown side stay where they are on a move: its parameters keep
+    their memory, views into a flattened buffer stay views, a buffer the program holds stays it.
+    After the move each is known to be on the device, so ``.cpu()`` of its state copies."""
+    import torch
+    model = torch.nn.Linear(4, 2)
+    held_buffer = torch.zeros(2)
+    model.register_buffer("running", held_buffer)
+    weight_memory = model.weight.data_ptr()
+    model.cuda()
+    assert model.weight.data_ptr() == weight_memory and model.running is held_buffer
+    model.to("cuda")
+    assert model.running is held_buffer
+    state = {k: v.cpu() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        model.weight.add_(1)
+    assert not torch.equal(state["weight"], model.weight)
+    # and back: the host copy of a module on the device is a copy
+    model.cpu()
+    assert model.running is not held_buffer
+    held_buffer.add_(7)
+    assert model.running.tolist() == [0, 0]
+
+
+def test_pinning_returns_a_pinned_copy(shim):
+    import torch
+    host = torch.ones(3)
+    pinned = host.pin_memory()
+    assert pinned is not host and pinned.is_pinned() and not host.is_pinned()
+    assert pinned.pin_memory() is pinned and pinned.cpu() is pinned
+    staged = pinned.cuda(non_blocking=True)
+    pinned.fill_(2)
+    assert staged.tolist() == [1, 1, 1]
+
+
+def test_the_report_counts_the_copies_it_made(tmp_path):
+    program = tmp_path / "moves.py"
+    program.write_text("import torch\nx = torch.ones(3)\nfor _ in range(3):\n    y = x.cuda()\n    z = y.cpu()\n"
+                       "y.cuda()\n")
+    result = python("-m", "cudashim", "--report", str(program))
+    assert result.returncode == 0, result.stderr
+    lines = [line.split() for line in result.stderr.splitlines() if "a copy to the" in line]
+    # three copies each way; the last .cuda() of a tensor already on the device is no copy
+    assert ["Tensor.cuda,", "a", "copy", "3"] in [line[:4] for line in lines], result.stderr
+    assert ["Tensor.cpu,", "a", "copy", "3"] in [line[:4] for line in lines], result.stderr
+
+
+def test_deactivation_restores_torch_own_moves():
+    result = python("-c", "import torch, cudashim\n"
+                    "before = (torch.Tensor.to, torch.Tensor.cpu, torch.Tensor.cuda, torch.as_tensor,"
+                    " torch.nn.Module.to, torch.nn.Module.cuda, torch.nn.Module.cpu, torch.Tensor.pin_memory)\n"
+                    "cudashim.activate('cpu')\nx = torch.ones(2).cuda()\ncudashim.deactivate()\n"
+                    "after = (torch.Tensor.to, torch.Tensor.cpu, torch.Tensor.cuda, torch.as_tensor,"
+                    " torch.nn.Module.to, torch.nn.Module.cuda, torch.nn.Module.cpu, torch.Tensor.pin_memory)\n"
+                    "assert before == after, (before, after)\nassert x.cpu() is x\nprint('restored')")
+    assert result.returncode == 0 and "restored" in result.stdout, result.stderr
