@@ -61,7 +61,7 @@ CALLS = [
     ('torch.empty(4, device=cpu_device)', "+30 ns", "torch.empty(4, device=cpu_device)",
      "torch.empty(4, device=cpu_device)"),
     ('h.to("cpu")', "+30 ns", 'h.to("cpu")', 'h.to("cpu")'),
-    # a move between host and device: a copy, as CUDA's (lazy: its memcpy waits for a write)
+    # a move between host and device: a copy, as CUDA's, against the clone a hand port would write
     ("host-to-device copy, 1 MiB: big.cuda()", "1.00x", "big.cuda()", "big.clone()"),
 ]
 # name, target, shimmed statement, torch's own statement in the same activated process. Both

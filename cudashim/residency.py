@@ -7,15 +7,16 @@ that copy (a best-weights snapshot taken with ``.cpu()``, a pinned staging buffe
 remembers the side of each tensor a move placed, and a move returns its input only where the
 tensor is known to be at the destination already; any other move is a copy.
 
-The copy is lazy: ``torch._lazy_clone`` shares the memory until either side writes to it, so a
-move whose source is dropped (``model.cuda()`` of a host model) or never written copies nothing,
-and a write pays the memcpy CUDA paid up front. Where it cannot (storages torch does not own:
-numpy's, shared memory's) or this torch lacks it, the copy is a clone.
+The copy is a clone, made at the move as CUDA makes its copy there. (A lazy copy, shared until
+either side writes, would save the memcpy where neither does; but a lazily shared storage that
+two threads write to at once, as a collective library's worker and the program do, breaks torch's
+copy-on-write bookkeeping, and CUDA programs hand their tensors to such threads all the time.)
 
 Where a tensor's side is not known (the result of an op, a factory's tensor), a move is a copy
 in either direction: data are never aliased where CUDA copies, and an alias is lost only where
-a program moves an unplaced tensor to where it already is, which costs a lazy copy and no
-memcpy. A module's move is the other way round: its parameters and buffers of unknown side
+a program moves an unplaced tensor to where it already is, which then costs a memcpy CUDA does
+not pay (a move by a device read off a tensor, ``t.to(x.device)``, is not one: it keeps torch's
+answer). A module's move is the other way round: its parameters and buffers of unknown side
 stay, and are placed where the module went. A module moves itself in place, so nothing of
 the program's still points to the memory it leaves, while views into a framework's flattened
 buffer, buffers a program also holds, and tied weights must stay what they were.
@@ -29,8 +30,6 @@ import weakref
 from typing import Optional
 
 import torch
-
-from . import torch_names
 
 DEVICE, HOST, PINNED = "device", "host", "pinned host"
 _HOST_SIDES = (HOST, PINNED)
@@ -54,7 +53,6 @@ class Residency:
         self._sides: dict = {}
         self._count = count
         self._local = threading.local()
-        self._lazy_clone = torch_names.get("torch._lazy_clone", None)
         self._compiling = torch.compiler.is_compiling
         self._tracing = torch.jit.is_tracing
         self.copies = 0
@@ -83,15 +81,8 @@ class Residency:
 
     # --- moves ---------------------------------------------------------------------------
     def copy(self, tensor, side: str, api: str = "a move"):
-        """A copy of ``tensor`` placed on ``side``: lazy where torch can share the memory."""
-        result = None
-        if self._lazy_clone is not None:
-            try:
-                result = self._lazy_clone(tensor)
-            except RuntimeError:         # a storage torch does not own (numpy's, shared memory)
-                result = None
-        if result is None:
-            result = tensor.clone()
+        """A copy of ``tensor`` of its own, placed on ``side``."""
+        result = tensor.clone()
         self.copies += 1
         if self._count is not None:
             self._count(f"{api}, a copy", f"a copy to the {side}, as CUDA's (device memory is host memory)")

@@ -55,9 +55,6 @@ NAMES: Dict[str, Name] = {name.path: name for name in (
        "the TF32 flags are not mapped to oneDNN's reduced-precision matmuls: float32 stays "
        "float32, as on a GPU without TF32"),
     # --- private names --------------------------------------------------------------------
-    _n("torch._lazy_clone", "residency", FALLBACK,
-       "a move between host and device on the CPU backend copies at once (clone) rather than "
-       "when either side is first written"),
     # torch.compile (patches/compiled.py), read when dynamo or inductor is imported
     _n("torch._dynamo.variables.base.VariableTracker.build", "compiled", FALLBACK,
        "ConstantVariable.create, which torch before 2.6 makes dynamo's constants with"),
