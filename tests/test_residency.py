@@ -24,6 +24,7 @@ def _copy_semantics(tmp_path, target=None):
     return json.loads(out.read_text())
 
 
+@pytest.mark.torch_range
 def test_programs_that_rely_on_copies_see_them_on_every_target(tmp_path):
     cpu = _copy_semantics(tmp_path)
     assert cpu["checks"] and all(cpu["checks"].values()), [k for k, v in cpu["checks"].items() if not v]
