@@ -73,7 +73,7 @@ PAIRS = [
     ('torch.zeros(4, device="cuda") vs torch\'s zeros(4, device="cpu")', 60,
      'shimmed_zeros(4, device="cuda")', 'original_zeros(4, device="cpu")'),
     ('t.to("cuda") vs torch\'s t.to("cpu")', 60, 't.to("cuda")', 'original_to(t, "cpu")'),
-    ("t.cuda() vs t.cpu()", 60, "t.cuda()", "t.cpu()"),
+    ("t.cuda() vs torch's h.cpu()", 60, "t.cuda()", "original_cpu(h)"),
     ("torch.cuda.current_device() vs torch.cpu.current_device()", 60,
      "torch.cuda.current_device()", "torch.cpu.current_device()"),
     ("F.linear(x, w), float32 (the float16 policy's wrapper)", 500, "shimmed_linear(x, w)",
@@ -92,6 +92,7 @@ def measure_pairs():
                original_abs=cudashim.get_original(torch, "abs"),
                original_zeros=cudashim.get_original(torch, "zeros"),
                original_to=cudashim.get_original(torch.Tensor, "to"),
+               original_cpu=cudashim.get_original(torch.Tensor, "cpu"),
                original_linear=cudashim.get_original(F, "linear"))
     rows = []
     for name, target, shimmed, native in PAIRS:

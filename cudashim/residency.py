@@ -85,7 +85,7 @@ class Residency:
         result = tensor.clone()
         self.copies += 1
         if self._count is not None:
-            self._count(f"{api}, a copy", f"a copy to the {side}, as CUDA's (device memory is host memory)")
+            self._count(f"{api}, a copy", f"a copy to the {side}, as on CUDA")
         return self.place(result, side)
 
     def moved(self, tensor, result, side: Optional[str], api: str = "a move"):

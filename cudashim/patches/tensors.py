@@ -129,6 +129,7 @@ def install(activation):
             if residency is None:
                 activation.count("Tensor.pin_memory", "a no-op: host memory is the target's")
                 return self
+            activation.count("Tensor.pin_memory", "host memory, which the target computes on")
             return residency.moved(self, self, PINNED_SIDE, "Tensor.pin_memory")
 
         def is_pinned(self, device=None):
