@@ -157,6 +157,33 @@ def test_aliases_and_devices_assigned_in_the_same_function(tmp_path, monkeypatch
     assert fixes[26] == "f'{dev}' == str(th.device('cuda:0'))"
 
 
+def test_a_move_by_a_tensors_device_written_in_place_is_named_where_host_memory_is_the_devices(
+        tmp_path, monkeypatch):
+    (tmp_path / "masks.py").write_text(textwrap.dedent("""\
+        import torch
+
+
+        def apply(model, mask, scores):
+            mask = mask.to(model.weight.device)
+            mask.masked_fill_(scores < 0, 0)
+            bias = scores.to(device=model.weight.device)
+            total = scores.to(model.weight.device, non_blocking=True)
+            total[0] = 0
+            kept = scores.to(model.weight.device)
+            named = scores.to("cuda")
+            named.add_(1)
+            return scores.to(model.weight.device).mul_(2), bias.sum(), kept + named, total
+        """))
+    cpu = _scan(["masks.py"], cwd=tmp_path, monkeypatch=monkeypatch)
+    moves = {f.line for f in cpu.findings if f.rule == "CS204"}
+    # written in place: by a method, by an item, in one chain; read only (bias, kept) or moved
+    # by name: no finding
+    assert moves == {5, 8, 13}
+    assert all(f.kind == "runs differently" for f in cpu.findings if f.rule == "CS204")
+    xpu = _scan(["masks.py"], backend="xpu", cwd=tmp_path, monkeypatch=monkeypatch)
+    assert not [f for f in xpu.findings if f.rule == "CS204"]   # device memory of its own: a copy
+
+
 def test_follows_the_programs_own_imports_and_nothing_installed(monkeypatch):
     result = _scan(["train.py"], monkeypatch=monkeypatch)
     assert result.files == ["train.py", "data.py", "telemetry.py"]

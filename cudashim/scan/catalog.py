@@ -89,6 +89,13 @@ _RULES = (
     Rule("CS203", "cuda-toolkit",
          "The CUDA toolkit (CUDA_HOME, /usr/local/cuda) or NVIDIA's tools (nvidia-smi, nvcc), "
          "run or read: the target has neither.", "none: outside the Python process"),
+    Rule("CS204", "move-by-tensor-device",
+         "A move to a device read off a tensor (x.to(y.device)) whose result the program then "
+         "writes in place. Where the target's device memory is host memory (the CPU backend), "
+         "such a device does not say whether it means the host or the device, so the move keeps "
+         "torch's answer: where x is on the host and y on the device, the result is x itself, "
+         "where CUDA makes a copy, and the write changes both. Moves by name ('cuda', .cuda(), "
+         ".cpu()) copy as on CUDA.", "cudashim/patches/residency.py (destination)"),
     Rule("CS301", "cuda-only-library",
          "A library that runs only on NVIDIA GPUs and that cudashim has no stand-in for.",
          "cudashim/tables/libraries.py"),

@@ -38,6 +38,7 @@ _NEGATIONS = (ast.NotEq, ast.NotIn, ast.IsNot)
 # A device spec built from an index: "cuda:%d" % rank, "cuda:{}".format(rank).
 _DEVICE_TEMPLATE = re.compile(r"cuda:(\{[^{}]*\}|%[dis])")
 _DEVICE_OBJECT, _DEVICE_STRING, _OTHER = "device", "device string", "other"
+_MOVED_BY_TENSOR_DEVICE = "moved by a tensor's device"      # y = x.to(t.device)
 # Where a string is prose, never code: what a program prints, logs, warns or raises, and the
 # help texts it gives argparse and the like.
 _PROSE_FUNCTIONS = frozenset({"print", "input"})
@@ -88,6 +89,7 @@ class FileScanner(ast.NodeVisitor):
         self.parents: Dict[ast.AST, ast.AST] = {}
         self.prose = 0                              # > 0 while visiting prose
         self.uses_autocast = False
+        self.reported_moves: set = set()
 
     def scan(self, tree: ast.AST) -> List[Finding]:
         self._collect_imports(tree)
@@ -209,6 +211,40 @@ class FileScanner(ast.NodeVisitor):
             self.visit(target)
             if isinstance(target, ast.Name):
                 self._remember(target.id, node.value)
+            elif isinstance(target, ast.Subscript):          # moved[0] = 7
+                self._written_in_place(target.value)
+
+    def visit_AugAssign(self, node):                         # moved += 1
+        self.generic_visit(node)
+        self._written_in_place(node.target)
+
+    # --- moves that CUDA makes copies --------------------------------------------------------
+    def _moved_by_tensor_device(self, node: ast.AST) -> bool:
+        """``x.to(y.device, ...)`` / ``x.to(device=y.device)``: a move whose destination is a
+        device read off a tensor (not a name, not a variable holding one)."""
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "to"):
+            return False
+        spec = node.args[0] if node.args else next(
+            (k.value for k in node.keywords if k.arg == "device"), None)
+        return isinstance(spec, ast.Attribute) and spec.attr == "device"
+
+    def _written_in_place(self, node: ast.AST) -> None:
+        """A write into what ``node`` holds: where it is a move by a tensor's device, the
+        finding (once per move) where host memory is the device's."""
+        move = node if self._moved_by_tensor_device(node) else None
+        if move is None and isinstance(node, ast.Name):
+            tracked = self._tracked(node.id)
+            move = tracked[1] if tracked is not None and tracked[0] == _MOVED_BY_TENSOR_DEVICE else None
+        if move is None or not self.target.device_memory_is_host or move in self.reported_moves:
+            return
+        self.reported_moves.add(move)
+        self._add(move, (DIFFERS, "a move to a device read off a tensor, then written in place: on "
+                                  f"the {self.target.name} backend, whose device memory is host "
+                                  "memory, the move returns the tensor itself where CUDA copies "
+                                  "between host and device, and the write changes both",
+                         "move by name where the copy matters (.to('cuda'), .cuda(), .cpu()), "
+                         "or pass copy=True"), "move-by-tensor-device")
 
     def visit_AnnAssign(self, node):
         if node.value is not None:
@@ -217,7 +253,9 @@ class FileScanner(ast.NodeVisitor):
                 self._remember(node.target.id, node.value)
 
     def _remember(self, name: str, value: ast.AST) -> None:
-        if self._device_object(value):
+        if self._moved_by_tensor_device(value):
+            self.scopes[-1][name] = (_MOVED_BY_TENSOR_DEVICE, value)
+        elif self._device_object(value):
             self.scopes[-1][name] = (_DEVICE_OBJECT, value)
         else:
             source = self._device_string(value)
@@ -392,6 +430,8 @@ class FileScanner(ast.NodeVisitor):
             self.prose = prose
 
     def _visit_call(self, node, func, qualified: str) -> None:
+        if isinstance(func, ast.Attribute) and _in_place_method(func.attr):
+            self._written_in_place(func.value)
         builder = qualified.rpartition(".")[2]
         called = qualified or (func.attr if isinstance(func, ast.Attribute) else
                                func.id if isinstance(func, ast.Name) else "")
@@ -753,6 +793,11 @@ def _cuda_rule(name: str) -> str:
     if name == "torch.cuda.comm" or name.startswith("torch.cuda.comm."):
         return "data-parallel"
     return "private-entry-point" if last.startswith("_") else "cuda-api"
+
+
+def _in_place_method(name: str) -> bool:
+    """torch's in-place methods end in one underscore (``add_``, ``copy_``, ``zero_``)."""
+    return name.endswith("_") and not name.startswith("_") and len(name) > 1
 
 
 def _simple_equality(node: ast.Compare) -> bool:

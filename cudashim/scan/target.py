@@ -35,6 +35,7 @@ class Target:
     deepspeed_accelerator: Optional[str] = None
     device_count: Optional[int] = None      # how many CUDA devices the run sees; None: unknown
     graph_class: Optional[str] = None       # the device module's own graph class, if it has one
+    device_memory_is_host: bool = False     # moves copy only where the destination is named
 
     @classmethod
     def named(cls, name: str = backends.AUTO, device_count: Optional[int] = None) -> "Target":
@@ -53,7 +54,8 @@ class Target:
         return cls(backend_cls.name, device_type, backend_cls.default_collective,
                    backend_cls.visible_devices_var, backend_cls.redirects,
                    backend_cls.kernel_languages, how, backend_cls.deepspeed_accelerator,
-                   device_count, backend_cls.graph_class)
+                   device_count, backend_cls.graph_class,
+                   backend_cls.redirects and backend_cls.device_memory_is_host)
 
     def graphs(self) -> str:
         """What a CUDA-graph name becomes (Backend.graph_class, cudashim/graphs)."""
