@@ -14,10 +14,12 @@
  *   NamedDevice     torch.device("cuda") through the class stand-in's __call__
  *   DtypeGate       a function with a filled kernel gap, called outside the gap
  *   HalfGate        a matmul under the float16 policy, called outside float16
+ *   DeviceMemory    the storages a program put on the device, where that is host memory
  *
  * The types live in four files: _speedups_callers.c (who asks: CallerCache, TruthSwitch,
  * IsCuda), _speedups_devices.c (device arguments: Rewriter, DefaultDevice, NamedDevice),
- * _speedups_gaps.c (DtypeGate) and _speedups_precision.c (HalfGate). This one holds what
+ * _speedups_gaps.c (DtypeGate), _speedups_precision.c (HalfGate) and _speedups_memory.c
+ * (DeviceMemory). This one holds what
  * they share and the module.
  */
 
@@ -99,10 +101,11 @@ static int matches_the_table(PyTypeObject **types, size_t count)
 PyMODINIT_FUNC PyInit__speedups(void)
 {
     PyTypeObject *types[] = {&CallerCacheType, &RewriterType, &TruthSwitchType, &IsCudaType,
-                             &DefaultDeviceType, &NamedDeviceType, &DtypeGateType, &HalfGateType};
+                             &DefaultDeviceType, &NamedDeviceType, &DtypeGateType, &HalfGateType,
+                             &DeviceMemoryType};
     size_t count = sizeof(types) / sizeof(types[0]), i;
     PyObject *module;
-    if (!matches_the_table(types, count))
+    if (!matches_the_table(types, count) || !device_memory_init_names())
         return NULL;
     module = PyModule_Create(&speedups_module);
     if (module == NULL)

@@ -23,6 +23,10 @@ extern PyTypeObject DtypeGateType;
 /* _speedups_precision.c: the float16 policy's matmul family */
 extern PyTypeObject HalfGateType;
 
+/* _speedups_memory.c: storages counted on the device */
+extern PyTypeObject DeviceMemoryType;
+int device_memory_init_names(void);
+
 /* _speedups.c */
 PyObject *bind_as_method(PyObject *self, PyObject *obj, PyObject *type);
 PyObject *wrapper_repr(PyObject *self);

@@ -92,6 +92,9 @@ typedef struct {
     Slot *slots;
     PyObject *dict;
     vectorcallfunc vectorcall;
+    /* Where not NULL: placed(result) after a call whose device argument, translated, is
+     * device (a factory's tensor made on the device: cudashim/residency.py counts it). */
+    PyObject *device, *placed;
 } RewriterObject;
 
 static int keyword_matches(PyObject *name, PyObject *keyword)
@@ -122,6 +125,7 @@ static PyObject *Rewriter_vectorcall(RewriterObject *self, PyObject *const *args
     Py_ssize_t total = nargs + nkw, i;
     PyObject *small[SMALL_STACK + 1], **stack = NULL, *result;
     Py_ssize_t s;
+    int on_device = 0;
 
     for (s = 0; s < self->nslots; s++) {
         Slot *slot = &self->slots[s];
@@ -146,6 +150,8 @@ static PyObject *Rewriter_vectorcall(RewriterObject *self, PyObject *const *args
         translated = translate_value(&slot->translation, value);
         if (translated == NULL)
             goto error;
+        if (translated == self->device)
+            on_device = 1;
         if (translated == value) {
             Py_DECREF(translated);
             continue;
@@ -166,8 +172,16 @@ static PyObject *Rewriter_vectorcall(RewriterObject *self, PyObject *const *args
         stack[where] = translated;        /* owned: released below, where it differs from args */
     }
     if (stack == NULL)
-        return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
-    result = PyObject_Vectorcall(self->original, stack, nargs | PY_VECTORCALL_ARGUMENTS_OFFSET, kwnames);
+        result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+    else
+        result = PyObject_Vectorcall(self->original, stack, nargs | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                     kwnames);
+    if (on_device && result != NULL) {
+        PyObject *placed = PyObject_CallOneArg(self->placed, result);
+        if (placed == NULL)
+            Py_CLEAR(result);
+        Py_XDECREF(placed);
+    }
     goto done;
 error:
     result = NULL;
@@ -224,13 +238,17 @@ static void slot_clear(Slot *slot)
 
 static PyObject *Rewriter_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    static char *keywords[] = {"original", "slots", NULL};
-    PyObject *original, *slots;
+    static char *keywords[] = {"original", "slots", "device", "placed", NULL};
+    PyObject *original, *slots, *device = NULL, *placed = NULL;
     RewriterObject *self;
     Py_ssize_t n, i;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!:Rewriter", keywords, &original,
-                                     &PyTuple_Type, &slots))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!|OO:Rewriter", keywords, &original,
+                                     &PyTuple_Type, &slots, &device, &placed))
         return NULL;
+    if ((device == NULL) != (placed == NULL) || (placed != NULL && !PyCallable_Check(placed))) {
+        PyErr_SetString(PyExc_TypeError, "Rewriter takes a device and a callable placed, or neither");
+        return NULL;
+    }
     n = PyTuple_GET_SIZE(slots);
     if (n < 1) {
         PyErr_SetString(PyExc_ValueError, "Rewriter takes at least one slot");
@@ -241,6 +259,10 @@ static PyObject *Rewriter_new(PyTypeObject *type, PyObject *args, PyObject *kwds
         return NULL;
     Py_INCREF(original);
     self->original = original;
+    Py_XINCREF(device);
+    self->device = device;
+    Py_XINCREF(placed);
+    self->placed = placed;
     self->vectorcall = (vectorcallfunc)Rewriter_vectorcall;
     self->slots = PyMem_Calloc(n, sizeof(Slot));
     if (self->slots == NULL) {
@@ -262,6 +284,8 @@ static int Rewriter_traverse(RewriterObject *self, visitproc visit, void *arg)
     Py_ssize_t s;
     Py_VISIT(self->original);
     Py_VISIT(self->dict);
+    Py_VISIT(self->device);
+    Py_VISIT(self->placed);
     for (s = 0; s < self->nslots; s++) {
         Py_VISIT(self->slots[s].classes);
         translation_traverse(&self->slots[s].translation, visit, arg);
@@ -274,6 +298,8 @@ static int Rewriter_clear(RewriterObject *self)
     Py_ssize_t s;
     Py_CLEAR(self->original);
     Py_CLEAR(self->dict);
+    Py_CLEAR(self->device);
+    Py_CLEAR(self->placed);
     for (s = 0; s < self->nslots; s++)
         slot_clear(&self->slots[s]);
     self->nslots = 0;
@@ -301,8 +327,9 @@ PyTypeObject RewriterType = {
     .tp_basicsize = sizeof(RewriterObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
                 Py_TPFLAGS_METHOD_DESCRIPTOR,
-    .tp_doc = "Rewriter(original, slots): original with its device arguments translated; each slot is\n"
-             "(position or None, keyword, classes or None, translate, cache, indices, unchanged)",
+    .tp_doc = "Rewriter(original, slots, device=None, placed=None): original with its device arguments\n"
+             "translated; each slot is (position or None, keyword, classes or None, translate, cache,\n"
+             "indices, unchanged); placed(result) after a call whose translated device is device",
     .tp_new = Rewriter_new,
     .tp_traverse = (traverseproc)Rewriter_traverse,
     .tp_clear = (inquiry)Rewriter_clear,

@@ -47,6 +47,9 @@ class Activation:
     # torch's function -> make(function): what a rewrite of it wraps in torch's place, so that a
     # group's change beneath the device translation is still one patch of that name
     beneath: dict = dataclasses.field(default_factory=dict)
+    # (the target's device object, place(tensor)): what a constructor's tensor made on the
+    # device is handed to, where a group keeps track of them (patches/residency.py)
+    placing: Any = None
     live: bool = True                  # False once deactivated: late hooks then patch nothing
     waiting_for_imports: list = dataclasses.field(default_factory=list)   # (module, patch)
 

@@ -49,8 +49,9 @@ class Residency:
     dies), so marking costs nothing until a move and a lookup is one dict probe.
     """
 
-    def __init__(self, count=None):
+    def __init__(self, count=None, memory=None):
         self._sides: dict = {}
+        self.memory = memory             # a DeviceMemory that counts what is placed on the device
         self._count = count
         self._local = threading.local()
         self._compiling = torch.compiler.is_compiling
@@ -59,8 +60,14 @@ class Residency:
 
     # --- sides ---------------------------------------------------------------------------
     def side_of(self, tensor) -> Optional[str]:
+        """Where a move placed ``tensor``; else the device where its storage is device memory
+        (a parameter made around a constructor's tensor, a view of a device tensor); else None."""
         entry = self._sides.get(id(tensor))
-        return entry[0] if entry is not None else None
+        if entry is not None:
+            return entry[0]
+        if self.memory is not None and self.memory.holds(tensor):
+            return DEVICE
+        return None
 
     def place(self, tensor, side: str):
         key, sides = id(tensor), self._sides
@@ -73,7 +80,9 @@ class Residency:
         try:
             sides[key] = (side, weakref.ref(tensor, forget))
         except TypeError:
-            pass
+            return tensor
+        if side is DEVICE and self.memory is not None:
+            self.memory.add(tensor)
         return tensor
 
     def is_host(self, tensor) -> bool:
@@ -98,13 +107,20 @@ class Residency:
             if result.__class__ is torch.Tensor:
                 self.place(result, side)
             return result
-        known = self.side_of(tensor)
+        entry = self._sides.get(id(tensor))
+        known = entry[0] if entry is not None else None
         if known == side or (side == HOST and known == PINNED):
             return tensor
-        if known is None and self.moving_module:
-            return tensor                 # a module's own tensor of unknown side stays (above)
-        if not _plain_dense(tensor) or self._compiling() or self._tracing():
+        if self._compiling() or self._tracing():
             return result                 # a graph being recorded moves as torch's own code does
+        if known is None:
+            known = self.side_of(tensor)  # a device tensor's storage under another object
+            if known == side:
+                return tensor
+            if known is None and self.moving_module:
+                return tensor             # a module's own tensor of unknown side stays (above)
+        if not _plain_dense(tensor):
+            return result
         return self.copy(tensor, side, api)
 
     # --- modules -------------------------------------------------------------------------

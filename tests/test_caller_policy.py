@@ -88,7 +88,8 @@ def test_torch_accelerator_shows_the_machine_torch_cuda_shows(shim):
     assert torch.accelerator.is_available() and torch.accelerator.device_count() == torch.cuda.device_count()
     assert torch.accelerator.current_device_index() == torch.cuda.current_device()
     torch.accelerator.synchronize()                         # naming no device: the current one
-    assert torch.accelerator.memory_allocated() > 0
+    on_device = torch.ones(256, device="cuda")
+    assert torch.accelerator.memory_allocated() == torch.cuda.memory_allocated() >= on_device.nbytes
     module = torch.get_device_module(acc)
     assert module.is_bf16_supported() in (True, False)
     # torch's own helpers still hear the truth (no accelerator) and take their CPU paths.

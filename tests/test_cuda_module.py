@@ -80,15 +80,18 @@ def test_event_timing_is_measured(shim):
 def test_memory_statistics_are_real(shim):
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.max_memory_allocated()
-    block = torch.ones(64 * 2 ** 20 // 4)          # 64 MiB, touched
+    block = torch.ones(64 * 2 ** 20 // 4, device="cuda")          # 64 MiB on the device
     peak = torch.cuda.max_memory_allocated()
-    assert peak - base >= 48 * 2 ** 20
-    assert torch.cuda.memory_allocated() >= 48 * 2 ** 20
+    assert peak - base == 64 * 2 ** 20
+    assert torch.cuda.memory_allocated() - base == 64 * 2 ** 20
+    host = torch.ones(64 * 2 ** 20 // 4)                          # host memory: not the device's
+    assert torch.cuda.memory_allocated() - base == 64 * 2 ** 20 and host[0] == 1
     del block
+    assert torch.cuda.memory_allocated() == base and torch.cuda.max_memory_allocated() == peak
     free, total = torch.cuda.mem_get_info()
     assert 0 < free <= total == torch.cuda.get_device_properties(0).total_memory
     stats = torch.cuda.memory_stats()
-    assert stats["allocated_bytes.all.peak"] >= stats["allocated_bytes.all.current"] > 0
+    assert stats["allocated_bytes.all.peak"] == peak and stats["allocated_bytes.all.current"] == base
     assert torch.cuda.memory_stats_as_nested_dict()["allocated_bytes"]["all"]["peak"] > 0
     assert "allocated" in torch.cuda.memory_summary()
 

@@ -30,6 +30,12 @@ from .host import DeviceProperties
 ACCELERATOR_NAMES = {"current_device": "current_device_index", "set_device": "set_device_index",
                      "mem_get_info": "get_memory_info"}
 
+# torch.cuda's memory figures, as torch.cuda.memory_stats() names them.
+MEMORY_STATS_KEYS = {"memory_allocated": "allocated_bytes.all.current",
+                     "max_memory_allocated": "allocated_bytes.all.peak",
+                     "memory_reserved": "reserved_bytes.all.current",
+                     "max_memory_reserved": "reserved_bytes.all.peak"}
+
 # The fields of torch.cuda.get_device_properties() that CUDA programs read.
 CUDA_PROPERTIES = ("name", "total_memory", "major", "minor", "multi_processor_count")
 
@@ -67,6 +73,8 @@ class AcceleratorBackend(Backend):
         # What the vendor's module has before cudashim gives it torch.cuda's other names
         # (the device_module group): those additions answer through this backend.
         self._vendor_names = frozenset(dir(self.module))
+        self._peaks_read: dict = {}            # real index -> {peak name: highest read}
+        self._has_device_allocator: Optional[bool] = None
         self._current = host.CurrentStream()        # used where the device has no streams
         self._default_host_stream = None
         self._real_count = self._either("device_count")
@@ -260,23 +268,73 @@ class AcceleratorBackend(Backend):
             self.set_stream(previous)
 
     # --- memory: the device module's statistics, else torch.accelerator's -------------
+    # A figure neither keeps (torchvulkan keeps no reserved peak, and its allocator is no
+    # DeviceAllocator for torch.accelerator to ask) comes from the vendor's memory_stats, else
+    # from the figures it has: a peak is then the highest current figure read since the last
+    # reset, and never below the allocated peak.
     def memory_allocated(self, index: Optional[int] = None) -> int:
-        return self._either("memory_allocated", self._real(index))
+        return self._memory_figure("memory_allocated", index)
 
     def max_memory_allocated(self, index: Optional[int] = None) -> int:
-        return self._either("max_memory_allocated", self._real(index))
+        return self._memory_figure("max_memory_allocated", index)
 
     def memory_reserved(self, index: Optional[int] = None) -> int:
-        return self._either("memory_reserved", self._real(index))
+        return self._memory_figure("memory_reserved", index)
 
     def max_memory_reserved(self, index: Optional[int] = None) -> int:
-        return self._either("max_memory_reserved", self._real(index))
+        return self._memory_figure("max_memory_reserved", index)
 
     def reset_peak_memory_stats(self, index: Optional[int] = None) -> None:
+        self._peaks_read.pop(self._real(index), None)
         self._either("reset_peak_memory_stats", self._real(index))
 
     def memory_stats(self, index: Optional[int] = None) -> dict:
-        return dict(self._either("memory_stats", self._real(index)))
+        stats = dict(self._either("memory_stats", self._real(index)))
+        for name, key in MEMORY_STATS_KEYS.items():
+            if key not in stats:
+                stats[key] = self._memory_figure(name, index)
+        return stats
+
+    def _memory_figure(self, name: str, index: Optional[int]) -> int:
+        real = self._real(index)
+        own = self._vendor(name)
+        if own is not None:
+            return self._read_peak(name, real, own(real))
+        key = MEMORY_STATS_KEYS[name]
+        stats = self._vendor("memory_stats")
+        if stats is not None:
+            figures = stats(real)
+            if key in figures:
+                return self._read_peak(name, real, figures[key])
+        if self._device_allocator():
+            return self._read_peak(name, real, getattr(torch.accelerator, name)(real))
+        if name.startswith("max_"):            # the vendor keeps this peak nowhere
+            current = self._memory_figure(name[len("max_"):], index)
+            floor = self._memory_figure("max_memory_allocated", index) if name == "max_memory_reserved" else 0
+            return max(self._peaks_read.get(real, {}).get(name, 0), current, floor)
+        raise RuntimeError(
+            f"the {self.device_type} device module and torch.accelerator keep no figure for "
+            f"torch.cuda.{name}: {self.device_type}'s allocator keeps no statistics")
+
+    def _read_peak(self, name: str, real, value: int) -> int:
+        """Remember the highest current figure read, for the peaks a vendor does not keep."""
+        if not name.startswith("max_"):
+            peaks = self._peaks_read.setdefault(real, {})
+            peak = "max_" + name
+            if value > peaks.get(peak, 0):
+                peaks[peak] = value
+        return value
+
+    def _device_allocator(self) -> bool:
+        """Whether torch.accelerator's memory figures answer for this device type: its
+        allocator is a DeviceAllocator (torch 2.9 and later), which torch asserts."""
+        if self._has_device_allocator is None:
+            try:
+                torch.accelerator.memory_allocated(self._real(None))
+                self._has_device_allocator = True
+            except (AttributeError, RuntimeError):
+                self._has_device_allocator = False
+        return self._has_device_allocator
 
     def mem_get_info(self, index: Optional[int] = None) -> Tuple[int, int]:
         return tuple(self._either("mem_get_info", self._real(index)))

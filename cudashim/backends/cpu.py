@@ -3,8 +3,8 @@
 The CPU has no stream, event, RNG-per-device or memory-statistics API of its own that
 matches torch.cuda's, so this backend implements them: events are host-timed (CPU ops are
 synchronous, so the time an event is recorded is the time the work before it finished),
-the RNG calls drive the CPU default generator, and memory statistics are the process's
-resident memory read from /proc (see ``memory_stats``).
+the RNG calls drive the CPU default generator, and memory statistics count the storages the
+program put on the device (``cudashim.device_memory``).
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import functools
 import operator
 import os
 import platform
-import resource
 from typing import Optional, Tuple
 
 import torch
 
+from ..device_memory import DeviceMemory, stats as memory_stats_of
 from ..errors import invalid_device_ordinal
 from ..job_layout import local_world_size
 from .base import Backend
@@ -52,6 +52,8 @@ class CPUBackend(HostStreams, Backend):
         # variable: read in a C call, a tenth of what a threading.local attribute costs.
         self._current = contextvars.ContextVar("cudashim_cpu_current_device", default=0)
         self._host = torch.device("cpu")
+        # Fed by the moves and factories that put tensors on the device (patches/residency.py).
+        self.device_memory = DeviceMemory()
 
     @staticmethod
     def _resolve_count(settings) -> int:
@@ -132,37 +134,25 @@ class CPUBackend(HostStreams, Backend):
     def default_generator(self, index: int) -> "torch.Generator":
         return torch.default_generator
 
-    # --- memory: the process's resident memory ------------------------------------------
-    # The CPU allocator keeps no per-tensor statistics, so the figures are what the kernel
-    # measures for the whole process: "allocated" and "reserved" are its resident set size
-    # (VmRSS), the peaks its high-water mark (VmHWM), which reset_peak_memory_stats() resets
-    # through /proc/self/clear_refs. They include the interpreter and torch's own libraries.
+    # --- memory: what the program put on the device -------------------------------------
+    # The storages moved or made there, each counted until torch frees it (device_memory.py);
+    # every virtual device is one pool of host memory, so each index answers for all of them.
+    # Nothing is cached: reserved memory is allocated memory.
     def memory_allocated(self, index: Optional[int] = None) -> int:
-        return _proc_status("VmRSS")
+        return self.device_memory.allocated
 
     memory_reserved = memory_allocated
 
     def max_memory_allocated(self, index: Optional[int] = None) -> int:
-        return _proc_status("VmHWM")
+        return self.device_memory.peak
 
     max_memory_reserved = max_memory_allocated
 
     def reset_peak_memory_stats(self, index: Optional[int] = None) -> None:
-        try:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")                   # 5 resets the peak resident set size
-        except OSError:
-            pass                               # not Linux: the peak then covers the whole run
+        self.device_memory.reset_peak()
 
     def memory_stats(self, index: Optional[int] = None) -> dict:
-        current, peak = self.memory_allocated(), self.max_memory_allocated()
-        stats = {}
-        for kind in ("allocated_bytes", "reserved_bytes", "active_bytes"):
-            stats[f"{kind}.all.current"] = current
-            stats[f"{kind}.all.peak"] = peak
-        stats["num_alloc_retries"] = 0
-        stats["num_ooms"] = 0
-        return stats
+        return memory_stats_of(self.device_memory)
 
     def mem_get_info(self, index: Optional[int] = None) -> Tuple[int, int]:
         info = _meminfo()
@@ -193,19 +183,6 @@ class CPUBackend(HostStreams, Backend):
 
     def process_group_backend(self) -> str:
         return self.collective
-
-
-def _proc_status(field: str) -> int:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    # Elsewhere only the lifetime peak is known (kilobytes on Linux, bytes on macOS).
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if platform.system() == "Darwin" else peak * 1024
 
 
 def _meminfo() -> dict:

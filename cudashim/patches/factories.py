@@ -44,11 +44,12 @@ def constructors():
 
 def _declaration(owner, name):
     """Constructors take their device by keyword only (positionals are sizes and data); the
-    ones that take pin_memory have it unpinned where the target cannot pin."""
+    ones that take pin_memory have it unpinned where the target cannot pin. A tensor made on
+    the device is placed there (``activation.placing``)."""
     arguments = [Argument(DEVICE)]
     if "pin_memory" in (parameters_of(getattr(owner, name)) or ()):
         arguments.append(Argument(PIN_MEMORY, "pin_memory"))
-    return Rewrite(f"{owner.__name__}:{name}", tuple(arguments))
+    return Rewrite(f"{owner.__name__}:{name}", tuple(arguments), places=True)
 
 
 REWRITES = (

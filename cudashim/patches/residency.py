@@ -42,8 +42,15 @@ def install(activation):
     backend = activation.backend
     if not getattr(backend, "device_memory_is_host", False) or activation.translator is None:
         return
-    residency = Residency(activation.count if activation.reporting else None)
+    memory = getattr(backend, "device_memory", None)
+    if memory is not None and activation.compiled is not None:
+        memory = backend.device_memory = activation.compiled.DeviceMemory()
+    residency = Residency(activation.count if activation.reporting else None, memory)
     activation.residency = residency
+    if memory is not None:
+        # A constructor's tensor made on the device (``torch.zeros(n, device="cuda")``) is device
+        # memory: counted, and so on the device for the moves (``Residency.side_of``).
+        activation.placing = (backend.target_device(None), memory.add)
     side_of_spec = destination(backend, activation.translator)
     moved = residency.moved
 
@@ -79,6 +86,8 @@ def install(activation):
     beneath(activation, torch, "as_tensor", make_as_tensor)
     activation.replace(torch.Tensor, "cpu", make_cpu)
     _install_module_moves(activation, residency, side_of_spec)
+    if residency.memory is not None:
+        _count_what_optimizers_step(activation, residency.memory)
 
 
 def beneath(activation, owner, name, make):
@@ -114,3 +123,27 @@ def _install_module_moves(activation, residency, side_of_spec):
     beneath(activation, Module, "to", make_to)
     activation.replace(Module, "cuda", make_fixed(DEVICE))
     activation.replace(Module, "cpu", make_fixed(HOST))
+
+
+def _count_what_optimizers_step(activation, memory):
+    """An optimizer's state and the gradients it steps are device memory where the parameters
+    are: made by ops (``zeros_like``, autograd), which neither a move nor a constructor
+    places, so they are counted after each step. A 0-dim state (Adam's ``step``) lives on the
+    host on CUDA too."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+    Tensor = torch.Tensor
+
+    def stepped(optimizer, args, kwargs):
+        state = optimizer.state
+        for group in optimizer.param_groups:
+            for parameter in group["params"]:
+                if not memory.holds(parameter):
+                    continue
+                if parameter.grad is not None:
+                    memory.add(parameter.grad)
+                for value in state.get(parameter, {}).values():
+                    if isinstance(value, Tensor) and value.dim() > 0:
+                        memory.add(value)
+
+    hook = register_optimizer_step_post_hook(stepped)
+    activation.registry.add_undo("device memory counted at optimizer steps", hook.remove)

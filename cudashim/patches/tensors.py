@@ -24,7 +24,7 @@ REWRITES = (
     # loads, and accepts only functions (its polyfill parses devices with torch.device,
     # which translates).
     rewrite("torch._C._nn:_parse_to", DEVICE, position=0, compiled=False),
-    *(rewrite(f"torch:Tensor.{name}", DEVICE) for name in (
+    *(rewrite(f"torch:Tensor.{name}", DEVICE, places=True) for name in (
         "new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full", "new_tensor")),
     rewrite("torch:TypedStorage.to", DEVICE),
     *(rewrite(f"torch:TypedStorage.{name}", DEVICE, missing="cuda")     # device="cuda" by default

@@ -139,6 +139,9 @@ class Rewrite:
     # False keeps the Python wrapper alone, no compiled twin: for a target dynamo registers a
     # polyfill for when it is imported, which must be a Python function.
     compiled: bool = True
+    # True: a tensor the call makes on the target's device goes to ``activation.placing``
+    # (a constructor's device is a keyword: the one read).
+    places: bool = False
 
     @property
     def module(self) -> str:
@@ -155,9 +158,10 @@ class Rewrite:
 
 def rewrite(target: str, kind: Kind, parameter: str = "device", position: Optional[int] = None,
             missing: Any = NOTHING, api: Optional[str] = None, aliases: Tuple[str, ...] = (),
-            compiled: bool = True) -> Rewrite:
+            compiled: bool = True, places: bool = False) -> Rewrite:
     """A rewrite of one argument (the common case)."""
-    return Rewrite(target, (Argument(kind, parameter, position, missing),), api, aliases, compiled)
+    return Rewrite(target, (Argument(kind, parameter, position, missing),), api, aliases, compiled,
+                   places)
 
 
 def apply(activation, declaration: Rewrite) -> None:
@@ -195,6 +199,10 @@ def rewritten(activation, declaration: Rewrite, original):
     slots = [slot for slot in slots if slot[2] is not None]
     if not slots:
         return original
+    placing = activation.placing if declaration.places else None
+    compiled_original = original
+    if placing is not None:
+        original = _placing(original, *placing)
     if len(slots) == 1 and slots[0][4] is NOTHING:
         function = _one_argument(original, *slots[0][:4])
     elif all(position is None and missing is NOTHING for position, _, _, _, missing in slots):
@@ -204,7 +212,7 @@ def rewritten(activation, declaration: Rewrite, original):
     function = functools.wraps(original)(function)
     if activation.compiled is None or not declaration.compiled:
         return function
-    return compiled_twin(_compiled(activation, original, slots), function)
+    return compiled_twin(_compiled(activation, compiled_original, slots, placing), function)
 
 
 def compiled_twin(compiled, python):
@@ -236,13 +244,28 @@ def _signature_position(original, parameter: str) -> Optional[int]:
     return None
 
 
-def _compiled(activation, original, slots):
+def _compiled(activation, original, slots, placing=None):
     """The compiled twin of ``_one_argument`` and ``_keywords_only``: the same rewriting,
     without a Python frame, reading the translator's caches directly."""
     translation = activation.translator.compiled_translation
     return activation.compiled.Rewriter(original, tuple(
         (position, keyword, classes, *translation(translate))
-        for position, keyword, translate, classes, _ in slots))
+        for position, keyword, translate, classes, _ in slots), *(placing or ()))
+
+
+def _placing(original, device, place):
+    """``original``, handing ``place`` the tensor it makes where its translated device is
+    ``device``. Beneath the rewriting, so it sees the device the rewrite made; not while
+    torch.compile traces (a graph records no placement)."""
+    is_compiling = torch.compiler.is_compiling
+
+    @functools.wraps(original)
+    def placing(*args, **kwargs):
+        result = original(*args, **kwargs)
+        if kwargs.get("device") is device and not is_compiling():
+            place(result)
+        return result
+    return placing
 
 
 def _one_argument(original, position, keyword, translate, classes):

@@ -20,4 +20,6 @@ TWINS: Dict[str, Tuple[str, str]] = {          # type -> (its Python twin, what 
                     "torch.device('cuda') through the class stand-in"),
     "DtypeGate": ("cudashim.kernels.gap_fill:filled", "a function with a filled kernel gap"),
     "HalfGate": ("cudashim.patches.precision:by_policy", "a matmul under the float16 policy"),
+    "DeviceMemory": ("cudashim.device_memory:DeviceMemory",
+                     "the storages a program put on the device, where that is host memory"),
 }
