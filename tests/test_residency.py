@@ -34,7 +34,10 @@ def test_programs_that_rely_on_copies_see_them_on_every_target(tmp_path):
         assert seen["checks"] == cpu["checks"], target.name
         # (whether pin_memory() pins for the target depends on the torch: before 2.5 it pins for
         # CUDA only, so the target's own pinning is the device-semantics test's concern)
-        assert seen["losses"] == pytest.approx(cpu["losses"], rel=1e-5), target.name
+        # the same first loss; after that Adam (lr 0.05) amplifies the order in which the target's
+        # kernels and the host's accumulate, which differs by CPU (llvmpipe's on AVX-512: 6e-4)
+        assert seen["losses"][0] == pytest.approx(cpu["losses"][0], rel=1e-5), target.name
+        assert seen["losses"] == pytest.approx(cpu["losses"], rel=5e-3), target.name
 
 
 def _storage_shared(a, b) -> bool:
@@ -145,3 +148,42 @@ def test_deactivation_restores_torch_own_moves():
                     " torch.nn.Module.to, torch.nn.Module.cuda, torch.nn.Module.cpu, torch.Tensor.pin_memory)\n"
                     "assert before == after, (before, after)\nassert x.cpu() is x\nprint('restored')")
     assert result.returncode == 0 and "restored" in result.stdout, result.stderr
+
+
+@pytest.mark.torch_range
+def test_an_offloaded_kv_cache_generates_what_the_resident_one_does_on_every_target(tmp_path):
+    """transformers' offloaded cache moves each layer's keys and values to the host and
+    prefetches them back on a ``torch.Stream()`` that waits for ``torch.cuda``'s stream."""
+    pytest.importorskip("transformers")
+    runs = {}
+    for target in (None, *targets()):
+        name = target.name if target else "cpu"
+        out = tmp_path / f"{name}.json"
+        result = python("-m", "cudashim", *(target.options if target else ()),
+                        "tests/programs/offloaded_cache.py", str(out), timeout=600)
+        assert result.returncode == 0, f"{name}: {result.stderr[-4000:]}"
+        runs[name] = json.loads(out.read_text())
+        assert runs[name]["offloaded"] == runs[name]["default"], name
+        assert runs[name]["on_device"] == (target.name if target else "cpu")
+        assert len(runs[name]["default"][0]) == 10
+
+
+def test_device_generic_streams_and_events_are_the_targets_where_it_has_none(shim):
+    """torch.Stream() and torch.Event() name the current accelerator, CUDA's for the program:
+    on the CPU backend they are its host streams and events, which torch.cuda's are too."""
+    import torch
+    side = torch.Stream()
+    assert isinstance(side, torch.Stream) and isinstance(torch.cuda.default_stream(), torch.Stream)
+    side.wait_stream(torch.cuda.default_stream())            # torch's own CPU stream refuses
+    with side:
+        assert torch.cuda.current_stream() is side
+        moved = torch.ones(4).to("cuda", non_blocking=True)
+    assert torch.cuda.current_stream() is not side
+    start, end = torch.Event(enable_timing=True), torch.Event(device="cuda", enable_timing=True)
+    start.record(side)
+    end.record()
+    end.synchronize()
+    assert start.elapsed_time(end) >= 0 and isinstance(start, torch.Event)
+    assert side.query() and moved.sum() == 4
+    host_stream = torch.Stream(device="cpu")                  # the host's, by name: torch's own
+    assert host_stream.__class__ is shim.get_original(torch, "Stream")

@@ -55,6 +55,8 @@ class HostEvent:
     def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
         self.enable_timing = enable_timing
         self._recorded_ns: Optional[int] = None
+        self.device = torch.device(self.device_type)
+        self.event_id = 0
 
     def record(self, stream=None) -> None:
         synchronize_device(self.device_type)
@@ -89,7 +91,8 @@ class HostStream:
     def __init__(self, device=None, priority: int = 0, **kwargs):
         self.device = torch.device(self.device_type)
         self.priority = priority
-        self.cuda_stream = 0
+        self.cuda_stream = self.stream_id = 0
+        self.device_index = 0
 
     def query(self) -> bool:
         return True

@@ -5,7 +5,8 @@ import sys
 
 import torch
 
-from ..patching.class_proxy import class_proxy
+from ..backends.host import HostStream
+from ..patching.class_proxy import class_proxy, subclassable_class_proxy
 from ..patching.rewriter import DEVICE, DEVICE_TYPE, rewrite
 
 REWRITES = (
@@ -66,6 +67,50 @@ def install(activation):
 
     activation.replace(torch, "get_device_module", make_get_device_module)
     _devices_cross_processes_as_they_are(activation, real_device)
+    _device_generic_streams_on_host_streams(activation, real_device)
+
+
+def _device_generic_streams_on_host_streams(activation, real_device):
+    """``torch.Stream()`` and ``torch.Event()`` (the current accelerator's, or CUDA's by name)
+    where the target has no streams of its own and the backend's are host streams (the CPU
+    backend, torchvulkan): the backend's classes, which torch.cuda's streams are too, so a
+    program mixes the two as on CUDA (transformers' offloaded KV cache prefetches on a
+    ``torch.Stream()`` that waits for ``torch.cuda.default_stream()``). torch's own would refuse:
+    "Backend doesn't support create a new Stream", or a CPU stream without events."""
+    backend = activation.backend
+    host_stream, host_event = backend.Stream, backend.Event
+    if not (isinstance(host_stream, type) and issubclass(host_stream, HostStream)):
+        return
+    translate = activation.translator.for_api("torch.Stream")
+    device_object = backend.target_device(None)
+
+    def on_the_target(device) -> bool:
+        if device is None:
+            return True                      # torch's: the current accelerator, CUDA's here
+        target = translate(device)
+        if target.__class__ is not real_device:
+            target = real_device(target)
+        if backend.device_type == "cpu":     # "cpu" by name is the host's, not the device's
+            return target is device_object
+        return target.type == backend.device_type
+
+    def construct_stream(device=None, *, priority=0, **kwargs):
+        if on_the_target(device):
+            return host_stream(device, priority=priority)
+        return real_stream(device, priority=priority, **kwargs)
+
+    def construct_event(device=None, *, enable_timing=False, blocking=False, interprocess=False):
+        if on_the_target(device):
+            return host_event(enable_timing=enable_timing, blocking=blocking, interprocess=interprocess)
+        return real_event(device, enable_timing=enable_timing, blocking=blocking, interprocess=interprocess)
+
+    real_stream, real_event = getattr(torch, "Stream", None), getattr(torch, "Event", None)
+    if real_stream is None or real_event is None:
+        return                               # before torch's device-generic streams
+    activation.registry.set_attr(torch, "Stream", subclassable_class_proxy(real_stream, construct_stream,
+                                                                           host_stream))
+    activation.registry.set_attr(torch, "Event", subclassable_class_proxy(real_event, construct_event,
+                                                                          host_event))
 
 
 def _devices_cross_processes_as_they_are(activation, real_device):

@@ -46,3 +46,30 @@ def class_proxy(real_cls, construct, call=None):
     return _Meta(real_cls.__name__, (), {"__module__": real_cls.__module__,
                                          "__doc__": real_cls.__doc__,
                                          "__wrapped__": real_cls})
+
+
+def subclassable_class_proxy(real_cls, construct, also):
+    """A stand-in for ``real_cls`` that code may also derive from (torch's own modules derive
+    from ``torch.Stream`` and ``torch.Event`` when they are imported, which may be after
+    activation): a subclass of the real class whose calls are ``construct(*args, **kwargs)``
+    and whose instances are the real class's and ``also``'s; a class derived from it is an
+    ordinary subclass of the real class."""
+    classes = (real_cls, also)
+
+    class _Meta(ClassProxy):
+        def __instancecheck__(cls, obj):
+            return isinstance(obj, classes) if cls is stand_in else type.__instancecheck__(cls, obj)
+
+        def __subclasscheck__(cls, sub):
+            return issubclass(sub, classes) if cls is stand_in else type.__subclasscheck__(cls, sub)
+
+        def __call__(cls, *args, **kwargs):
+            return construct(*args, **kwargs) if cls is stand_in else type.__call__(cls, *args, **kwargs)
+
+        def __repr__(cls):
+            return repr(real_cls) if cls is stand_in else type.__repr__(cls)
+
+    stand_in = _Meta(real_cls.__name__, (real_cls,), {"__module__": real_cls.__module__,
+                                                      "__doc__": real_cls.__doc__,
+                                                      "__wrapped__": real_cls})
+    return stand_in
