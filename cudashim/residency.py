@@ -4,19 +4,21 @@ On the CPU backend a CUDA tensor and a host tensor are the same kind of tensor, 
 move between them returns its input: an alias where CUDA makes a copy. CUDA programs rely on
 that copy (a best-weights snapshot taken with ``.cpu()``, a pinned staging buffer refilled after
 ``.to("cuda", non_blocking=True)``, an array edited after ``.cpu().numpy()``). ``Residency``
-remembers the side of each tensor a move placed, and a move returns its input only where the
-tensor is known to be at the destination already; any other move is a copy.
+remembers the side of each tensor a move placed, and knows as on the device every tensor whose
+storage the device-memory count holds (``cudashim.device_memory``: what moves and constructors
+put there, and views of it); a move returns its input only where the tensor is known to be at
+the destination already, and any other move is a copy.
 
 The copy is a clone, made at the move as CUDA makes its copy there. (A lazy copy, shared until
 either side writes, would save the memcpy where neither does; but a lazily shared storage that
 two threads write to at once, as a collective library's worker and the program do, breaks torch's
 copy-on-write bookkeeping, and CUDA programs hand their tensors to such threads all the time.)
 
-Where a tensor's side is not known (the result of an op, a factory's tensor), a move is a copy
-in either direction: data are never aliased where CUDA copies, and an alias is lost only where
-a program moves an unplaced tensor to where it already is, which then costs a memcpy CUDA does
-not pay (a move by a device read off a tensor, ``t.to(x.device)``, is not one: it keeps torch's
-answer). A module's move is the other way round: its parameters and buffers of unknown side
+Where a tensor's side is not known (the result of an op, a tensor loaded from a file), a move
+is a copy in either direction: data are never aliased where CUDA copies, and an alias is lost
+only where a program moves an unplaced tensor to where it already is, which then costs a memcpy
+CUDA does not pay (a move by a device read off a tensor, ``t.to(x.device)``, is not one: it
+keeps torch's answer). A module's move is the other way round: its parameters and buffers of unknown side
 stay, and are placed where the module went. A module moves itself in place, so nothing of
 the program's still points to the memory it leaves, while views into a framework's flattened
 buffer, buffers a program also holds, and tied weights must stay what they were.
