@@ -144,6 +144,25 @@ def test_backends_reach_the_vendor_device_module(name):
     assert ("memory_allocated" in asked) or name == "mps"   # MPS: current_allocated_memory
 
 
+def test_a_memory_figure_the_vendor_keeps_nowhere_comes_from_those_it_keeps():
+    """torchvulkan's module has no max_memory_reserved and its allocator is no DeviceAllocator
+    for torch.accelerator: the peak comes from its figures, as the fake accelerator's here."""
+    install_fake("accelerator")
+    module = torch.get_device_module(DEVICE_TYPE["accelerator"])
+    del module.max_memory_reserved                          # as torchvulkan's module has none
+    assert "reserved_bytes.all.peak" not in module.memory_stats()
+    backend = build("accelerator")
+    held = torch.ones(1024, device=DEVICE_TYPE["accelerator"])
+    peak = backend.max_memory_reserved()
+    assert peak >= max(backend.memory_reserved(), backend.max_memory_allocated()) >= held.nbytes
+    assert backend.memory_stats()["reserved_bytes.all.peak"] == peak
+    assert backend._has_device_allocator is False                # torch.accelerator could not answer
+    del held
+    assert backend.max_memory_reserved() == peak               # the peak outlives the tensor
+    backend.reset_peak_memory_stats()
+    assert backend.max_memory_reserved() == max(backend.memory_reserved(), backend.max_memory_allocated())
+
+
 def test_xpu_imports_ipex_only_when_torch_finds_no_xpu_and_uses_oneccl_without_xccl():
     assert "intel_extension_for_pytorch" not in sys.modules
     use_fake_vendor("xpu")
