@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional
 
 import wrapt
 
-from . import _settings, backends, callers, speedups, torch_names
+from . import _settings, autograd_exit, backends, callers, speedups, torch_names
 from .errors import warn_once
 from .registry import PatchRegistry
 
@@ -297,6 +297,7 @@ def _install(settings) -> Activation:
         activation.live = False
         registry.revert_all()          # never leave torch half-patched
         raise
+    autograd_exit.arm(activation)
     if report is not None:
         report.write_at_exit(settings.report_json, settings.report)
     log.info("cudashim: CUDA redirected to %s, %s; %d patches", backend.describe(), reason,

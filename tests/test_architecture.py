@@ -16,7 +16,7 @@ FLOORS = (
     ("backends", {"backends", "kernels", "parallel", "graphs", "testdevice", "translation", "precision",
                   "residency", "device_memory"}),
     ("patch groups", {"patching", "proxy", "substitutes", "patches"}),
-    ("activation", {"_settings", "activation", "speedups", "__init__"}),
+    ("activation", {"_settings", "activation", "autograd_exit", "speedups", "__init__"}),
     ("commands", {"cli", "doctor", "launcher", "auto", "__main__", "scan"}),
 )
 # (importing module, imported module): why it runs up

@@ -89,6 +89,18 @@ def test_the_test_accelerator_faults_host_code_that_reads_device_memory_without_
     assert faulted.returncode == -11 and "read" not in faulted.stdout, faulted.stderr[-2000:]
 
 
+@pytest.mark.torch_range
+@pytest.mark.parametrize("default_device", [False, True], ids=["plain", "set_default_device"])
+def test_a_script_that_ends_in_a_backward_exits_cleanly_on_a_busy_machine(default_device):
+    """The device's autograd thread lets go of the last backward before the interpreter ends
+    (cudashim/autograd_exit.py); without that, ``terminate called without an active exception``
+    and SIGABRT in most runs of this program (tests/programs/exit_after_backward.py)."""
+    options = ("--default-device",) if default_device else ()
+    for target in (None, *targets()):
+        result = _run("tests/programs/exit_after_backward.py", *options, target=target)
+        assert "saliency of (8, 16)" in result.stdout and "terminate" not in result.stderr
+
+
 @pytest.mark.host                   # the CPU's float16 autocast follows the precision policy
 @pytest.mark.torch_range
 def test_the_gpt_example_trains_checkpoints_and_resumes_as_on_the_cpu(tmp_path):

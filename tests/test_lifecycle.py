@@ -224,3 +224,79 @@ def test_activate_deactivate_cycles_leave_nothing_behind():
     after = cycles(200)
     assert after - settled < 20, f"{(after - settled) / 200:.1f} objects kept per cycle"
     assert not [o for o in gc.get_objects() if type(o).__name__ == "Activation"]
+
+
+def test_the_exit_drain_is_armed_for_device_threads_only_and_undone_with_the_rest(monkeypatch):
+    """Where tensors live on a device, torch's autograd engine runs their backward on a thread
+    of its own, which cudashim drains at exit (cudashim/autograd_exit.py); on the CPU backend
+    there is none to drain, and deactivation drains them at once instead (a program may end
+    right after it)."""
+    import atexit
+    import types
+
+    import torch
+
+    from cudashim import autograd_exit
+    from cudashim.registry import PatchRegistry
+
+    exit_hooks, drained = [], []
+    monkeypatch.setattr(atexit, "register", exit_hooks.append)
+    monkeypatch.setattr(atexit, "unregister", exit_hooks.remove)
+
+    def armed(device_type):
+        backend = types.SimpleNamespace(device_type=device_type, device_module=lambda: torch.cpu,
+                                        device_count=lambda: drained.append(1) or 0)
+        activation = types.SimpleNamespace(backend=backend, registry=PatchRegistry())
+        autograd_exit.arm(activation)
+        hooks = drains()
+        activation.registry.revert_all()
+        return hooks, drains()
+
+    def drains():          # a drain imports torch, whose import registers exit hooks of its own
+        return [hook.func for hook in exit_hooks if getattr(hook, "func", None) is autograd_exit.drain_device_threads]
+
+    assert armed("cpu") == ([], []) and not drained
+    assert armed("xpu") == ([autograd_exit.drain_device_threads], []) and drained
+
+
+def test_the_exit_drain_runs_on_the_devices_that_held_memory():
+    """Only a device that held the program's tensors can have run its backward; a device that
+    keeps no figures counts as used where it is the current one, and none does where the
+    device's runtime never started."""
+    import types
+
+    from cudashim import autograd_exit
+
+    class Backend:
+        figures = {0: 0, 1: 4096, 2: None, 3: 0}      # None: the vendor keeps no figure
+        peaks = {0: 512, 1: 4096, 2: None, 3: 0}
+        started = True
+
+        def device_module(self):
+            return types.SimpleNamespace(is_initialized=lambda: self.started)
+
+        def device_count(self):
+            return 5
+
+        def target_device(self, index):
+            return f"xpu:{min(index, 3)}"              # logical device 4 shares real device 3
+
+        def current_device(self):
+            return 2
+
+        def memory_allocated(self, index):
+            return self._read(self.figures, index)
+
+        def max_memory_allocated(self, index):
+            return self._read(self.peaks, index)
+
+        @staticmethod
+        def _read(figures, index):
+            if figures[min(index, 3)] is None:
+                raise RuntimeError("no figures")
+            return figures[min(index, 3)]
+
+    backend = Backend()
+    assert autograd_exit.devices_used(backend) == ["xpu:0", "xpu:1", "xpu:2"]
+    backend.started = False
+    assert autograd_exit.devices_used(backend) == []
