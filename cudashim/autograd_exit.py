@@ -28,6 +28,7 @@ import atexit
 import contextlib
 import functools
 import logging
+import os
 
 from . import torch_names
 
@@ -41,7 +42,7 @@ def arm(activation) -> None:
     backend = activation.backend
     if backend.device_type == "cpu":        # a host backward runs on the caller's own thread
         return
-    drain = functools.partial(drain_device_threads, backend)
+    drain = functools.partial(drain_device_threads, backend, os.getpid())
 
     def drain_now_instead():                # a program may end right after it deactivates
         atexit.unregister(drain)
@@ -52,10 +53,13 @@ def arm(activation) -> None:
                                  drain_now_instead)
 
 
-def drain_device_threads(backend) -> None:
-    """One backward on each device the program used, returned once each device's thread ran it."""
+def drain_device_threads(backend, pid: int) -> None:
+    """One backward on each device the program used, returned once each device's thread ran it.
+    Not in a forked child (``pid`` is the process that armed it): no thread is forked with it."""
     import torch
 
+    if os.getpid() != pid:
+        return
     try:
         devices = devices_used(backend)
         with _python_state_set_aside(torch):

@@ -232,6 +232,7 @@ def test_the_exit_drain_is_armed_for_device_threads_only_and_undone_with_the_res
     there is none to drain, and deactivation drains them at once instead (a program may end
     right after it)."""
     import atexit
+    import os
     import types
 
     import torch
@@ -257,6 +258,11 @@ def test_the_exit_drain_is_armed_for_device_threads_only_and_undone_with_the_res
 
     assert armed("cpu") == ([], []) and not drained
     assert armed("xpu") == ([autograd_exit.drain_device_threads], []) and drained
+    drained.clear()            # a child forked after arming has none of its parent's threads
+    armed_in_the_parent = os.getpid() + 1
+    autograd_exit.drain_device_threads(types.SimpleNamespace(device_count=lambda: drained.append(1) or 0),
+                                       armed_in_the_parent)
+    assert not drained
 
 
 def test_the_exit_drain_runs_on_the_devices_that_held_memory():
