@@ -21,7 +21,7 @@ setup(packages=find_packages(include=["cudashim", "cudashim.*"]) + ["cudashim._s
     Extension("cudashim._speedups",
               ["cudashim/_speedups.c", "cudashim/_speedups_callers.c", "cudashim/_speedups_devices.c",
                "cudashim/_speedups_gaps.c", "cudashim/_speedups_precision.c",
-               "cudashim/_speedups_memory.c"],
+               "cudashim/_speedups_memory.c", "cudashim/_speedups_residency.c"],
               depends=["cudashim/_speedups.h"], extra_compile_args=COMPILE_ARGS, optional=True),
     Extension("cudashim.kernels._native", ["cudashim/kernels/_native.c"],
               depends=["cudashim/kernels/_native_loops.h"],

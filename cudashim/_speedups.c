@@ -15,11 +15,12 @@
  *   DtypeGate       a function with a filled kernel gap, called outside the gap
  *   HalfGate        a matmul under the float16 policy, called outside float16
  *   DeviceMemory    the storages a program put on the device, where that is host memory
+ *   Stay            a move to where a move placed the tensor already: the tensor itself
  *
- * The types live in four files: _speedups_callers.c (who asks: CallerCache, TruthSwitch,
+ * The types live in six files: _speedups_callers.c (who asks: CallerCache, TruthSwitch,
  * IsCuda), _speedups_devices.c (device arguments: Rewriter, DefaultDevice, NamedDevice),
- * _speedups_gaps.c (DtypeGate), _speedups_precision.c (HalfGate) and _speedups_memory.c
- * (DeviceMemory). This one holds what
+ * _speedups_gaps.c (DtypeGate), _speedups_precision.c (HalfGate), _speedups_memory.c
+ * (DeviceMemory) and _speedups_residency.c (Stay). This one holds what
  * they share and the module.
  */
 
@@ -102,10 +103,10 @@ PyMODINIT_FUNC PyInit__speedups(void)
 {
     PyTypeObject *types[] = {&CallerCacheType, &RewriterType, &TruthSwitchType, &IsCudaType,
                              &DefaultDeviceType, &NamedDeviceType, &DtypeGateType, &HalfGateType,
-                             &DeviceMemoryType};
+                             &DeviceMemoryType, &StayType};
     size_t count = sizeof(types) / sizeof(types[0]), i;
     PyObject *module;
-    if (!matches_the_table(types, count) || !device_memory_init_names())
+    if (!matches_the_table(types, count) || !device_memory_init_names() || !residency_init_names())
         return NULL;
     module = PyModule_Create(&speedups_module);
     if (module == NULL)

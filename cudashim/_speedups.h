@@ -26,6 +26,9 @@ extern PyTypeObject HalfGateType;
 /* _speedups_memory.c: storages counted on the device */
 extern PyTypeObject DeviceMemoryType;
 int device_memory_init_names(void);
+/* _speedups_residency.c: moves to where a tensor already is */
+extern PyTypeObject StayType;
+int residency_init_names(void);
 
 /* _speedups.c */
 PyObject *bind_as_method(PyObject *self, PyObject *obj, PyObject *type);

@@ -52,7 +52,9 @@ class Residency:
     """
 
     def __init__(self, count=None, memory=None):
-        self._sides: dict = {}
+        # id(tensor) -> (side, weak reference); the compiled moves (``cudashim._speedups.Stay``)
+        # probe it directly
+        self.sides: dict = {}
         self.memory = memory             # a DeviceMemory that counts what is placed on the device
         self._count = count
         self._local = threading.local()
@@ -64,7 +66,7 @@ class Residency:
     def side_of(self, tensor) -> Optional[str]:
         """Where a move placed ``tensor``; else the device where its storage is device memory
         (a parameter made around a constructor's tensor, a view of a device tensor); else None."""
-        entry = self._sides.get(id(tensor))
+        entry = self.sides.get(id(tensor))
         if entry is not None:
             return entry[0]
         if self.memory is not None and self.memory.holds(tensor):
@@ -72,7 +74,7 @@ class Residency:
         return None
 
     def place(self, tensor, side: str):
-        key, sides = id(tensor), self._sides
+        key, sides = id(tensor), self.sides
 
         def forget(reference, key=key):
             entry = sides.get(key)
@@ -109,7 +111,7 @@ class Residency:
             if result.__class__ is torch.Tensor:
                 self.place(result, side)
             return result
-        entry = self._sides.get(id(tensor))
+        entry = self.sides.get(id(tensor))
         known = entry[0] if entry is not None else None
         if known == side or (side == HOST and known == PINNED):
             return tensor

@@ -49,6 +49,19 @@ CALLS = [
     ("cuda(9)", lambda t: t.cuda(9)),
     ("cuda(None)", lambda t: t.cuda(None)),
     ("is_cuda", lambda t: t.is_cuda),
+    # moves where device memory is host memory: the tensor itself where a move placed it there
+    # already, else a copy (each tuple: is the result the tensor moved)
+    ("device tensor moved again", lambda t: (lambda d: (
+        d.to("cuda") is d, d.to(0) is d, d.cuda() is d, d.to(device="cuda") is d, d.cpu() is d,
+        d.to("cuda", torch.float64) is d, d.to(torch.float64) is d))(t.cuda())),
+    ("host copy moved again", lambda t: (lambda h: (
+        h.to("cpu") is h, h.cpu() is h, h.to(torch.device("cpu")) is h, h.to("cpu:0") is h,
+        h.cuda() is h, h.to("meta").device.type))(t.cuda().cpu())),
+    ("pinned moved", lambda t: (lambda p: (p.cpu() is p, p.to("cpu") is p, p.to("cuda") is p))(
+        t.pin_memory())),
+    ("moved to another tensor's side", lambda t: (lambda d: (t.to(d) is t, d.to(t) is d,
+                                                             d.to(d) is d))(t.cuda())),
+    ("unplaced tensor moved", lambda t: (t.cuda() is t, t.to("cuda") is t, t.cpu() is t)),
     ("device cuda", lambda t: torch.device("cuda")),
     ("device cuda, 0", lambda t: torch.device("cuda", 0)),
     ("device 0", lambda t: torch.device(0)),
@@ -89,6 +102,10 @@ def test_compiled_wrappers_are_the_ones_that_run(shim):
     assert type(torch.zeros).__name__ == "Rewriter"
     assert type(torch.cuda.is_available).__name__ == "TruthSwitch"
     assert type(vars(torch.Tensor)["is_cuda"]).__name__ == "IsCuda"
+    # where device memory is host memory (the CPU backend), the moves answer a tensor already there
+    assert type(vars(torch.Tensor)["cpu"]).__name__ == "Stay"
+    assert type(vars(torch.Tensor)["cuda"]).__name__ == "Stay"
+    assert type(torch.Tensor.to.__wrapped__).__name__ == "Stay"
     assert inspect.unwrap(torch.Tensor.to.python_twin) is torch._C.TensorBase.to
 
 
@@ -99,6 +116,9 @@ def test_compiled_and_pure_python_wrappers_agree_on_every_call():
     # and the table is not trivially equal: translations, refusals and passes-through differ
     assert compiled["to cuda"][0] == "tensor" and compiled["to bad index"][0] == "raised"
     assert "invalid device ordinal" in compiled["cuda(9)"][2]
+    assert compiled["device tensor moved again"] == ("value", repr((True,) * 4 + (False,) * 3))
+    # torch copies to "cpu:0" itself: a host tensor's device has no index
+    assert compiled["host copy moved again"] == ("value", repr((True,) * 3 + (False, False, "meta")))
 
 
 def test_pure_python_setting_runs_the_python_wrappers():

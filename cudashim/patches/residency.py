@@ -14,7 +14,8 @@ import functools
 
 import torch
 
-from ..residency import DEVICE, HOST, Residency
+from ..patching.rewriter import compiled_twin
+from ..residency import DEVICE, HOST, PINNED, Residency
 
 
 def destination(backend, translator):
@@ -53,6 +54,7 @@ def install(activation):
         activation.placing = (backend.target_device(None), memory.add)
     side_of_spec = destination(backend, activation.translator)
     moved = residency.moved
+    stay = compiled_stay(activation, residency)
 
     def make_to(original):
         @functools.wraps(original)
@@ -61,13 +63,13 @@ def install(activation):
             spec = args[0] if args else kwargs.get("device")
             side = side_of_spec(spec, residency) if spec is not None else None
             return result if side is None else moved(self, result, side, "Tensor.to")
-        return to
+        return stay(original, to, None, "Tensor.to")
 
     def make_cpu(original):
         @functools.wraps(original)
         def cpu(self, *args, **kwargs):
             return moved(self, original(self, *args, **kwargs), HOST, "Tensor.cpu")
-        return cpu
+        return stay(original, cpu, HOST, "Tensor.cpu")
 
     def make_as_tensor(original):
         @functools.wraps(original)
@@ -88,6 +90,26 @@ def install(activation):
     _install_module_moves(activation, residency, side_of_spec)
     if residency.memory is not None:
         _count_what_optimizers_step(activation, residency.memory)
+
+
+def compiled_stay(activation, residency):
+    """``stay(move, python, side, api)``: the compiled twin of the Python move ``python``
+    (``cudashim._speedups.Stay``), which answers a move to where a move placed the tensor
+    without a Python frame and hands every other outcome to ``residency.moved``; ``python``
+    itself where the compiled fast path does not run. ``side`` None: read off the device
+    argument, as ``destination`` reads it."""
+    compiled = activation.compiled
+    if compiled is None:
+        return lambda move, python, side, api: python
+    device_object, named = activation.backend.target_device(None), activation.translator.named
+    moved = residency.moved
+
+    def stay(move, python, side, api):
+        def decide(tensor, result, side):
+            return moved(tensor, result, side, api)
+        return compiled_twin(compiled.Stay(move, python, decide, residency.sides, side, device_object,
+                                           named, torch._C.TensorBase, DEVICE, HOST, PINNED), python)
+    return stay
 
 
 def beneath(activation, owner, name, make):

@@ -14,6 +14,7 @@ from ..backends.host import HostStream
 from ..patching.by_caller import ByCaller, apply as apply_by_caller
 from ..patching.rewriter import DEVICE, apply, compiled_twin, rewrite
 from ..residency import DEVICE as DEVICE_SIDE, PINNED as PINNED_SIDE
+from .residency import compiled_stay
 
 REWRITES = (
     # Tensor.to(self, *args, **kwargs): the device, when given, is the first positional.
@@ -101,15 +102,23 @@ def install(activation):
 
     def cuda(self, device=None, non_blocking=False, memory_format=torch.preserve_format):
         target = translate_cuda("cuda" if device is None else device)
-        result = real_to(self, device=target, non_blocking=non_blocking, memory_format=memory_format)
-        return result if residency is None else residency.moved(self, result, DEVICE_SIDE, "Tensor.cuda")
+        return real_to(self, device=target, non_blocking=non_blocking, memory_format=memory_format)
 
-    if compiled is not None and residency is None:   # t.cuda() and t.cuda(i) without a Python frame
+    translated = cuda
+    if residency is not None:            # where device memory is host memory, a move is a copy
+        def cuda(self, device=None, non_blocking=False, memory_format=torch.preserve_format):
+            result = translated(self, device, non_blocking, memory_format)
+            return residency.moved(self, result, DEVICE_SIDE, "Tensor.cuda")
+
+    if compiled is not None:             # t.cuda() and t.cuda(i) without a Python frame
         # To host memory, Tensor.cpu() is the same move as to(cpu) with less argument parsing.
         host = backend.target_device(None) if backend.device_type == "cpu" else None
-        cuda = compiled_twin(compiled.DefaultDevice(
-            real_to, cuda, "cuda", *activation.translator.compiled_translation(translate_cuda),
-            host, torch._C.TensorBase.cpu), cuda)
+        fast = compiled.DefaultDevice(
+            real_to, translated, "cuda", *activation.translator.compiled_translation(translate_cuda),
+            host, torch._C.TensorBase.cpu)
+        if residency is not None:
+            fast = compiled_stay(activation, residency)(fast, cuda, DEVICE_SIDE, "Tensor.cuda")
+        cuda = compiled_twin(fast, cuda)
     registry.set_attr(T, "cuda", cuda)
 
     if not settings.is_honest("is_cuda"):

@@ -22,4 +22,6 @@ TWINS: Dict[str, Tuple[str, str]] = {          # type -> (its Python twin, what 
     "HalfGate": ("cudashim.patches.precision:by_policy", "a matmul under the float16 policy"),
     "DeviceMemory": ("cudashim.device_memory:DeviceMemory",
                      "the storages a program put on the device, where that is host memory"),
+    "Stay": ("cudashim.patches.residency:install",
+             "a move to where a move placed the tensor already, where device memory is host memory"),
 }

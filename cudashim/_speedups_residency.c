@@ -1,0 +1,228 @@
+/* The compiled fast path, moves where device memory is host memory: Stay, the twin of the
+ * moves cudashim/patches/residency.py wraps (Tensor.to, Tensor.cpu, Tensor.cuda).
+ *
+ * A move to where a move already placed the tensor returns it, as on CUDA; that is the
+ * common call (``batch.to(device)`` on a tensor already there, ``loss.cpu()`` on a host
+ * copy), so it is answered here: torch's move, one dict probe of the residency's sides, and
+ * the tensor back. Every other outcome (a copy to make, a result to place, a tensor of
+ * unknown side) is the Python twin's ``moved`` to decide, as without this type. */
+
+#include "_speedups.h"
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *move;       /* torch's move (or the compiled Tensor.cuda beneath this one) */
+    PyObject *fallback;   /* the Python twin: the calls whose destination this type cannot read */
+    PyObject *moved;      /* moved(tensor, result, side): Residency.moved for this API */
+    PyObject *sides;      /* Residency.sides: id(tensor) -> (side, weak reference) */
+    PyObject *side;       /* this API's fixed side, or None: read from the device argument */
+    PyObject *device;     /* the target's device object */
+    PyObject *named;      /* the translator's named devices: "cpu" -> the program's torch.device("cpu") */
+    PyObject *tensor_type;      /* torch._C.TensorBase: to(other) takes the other's side */
+    PyObject *device_side, *host_side, *pinned_side;
+    PyObject *dict;
+    vectorcallfunc vectorcall;
+} StayObject;
+
+static PyObject *device_name, *cpu_name, *cpu_prefix;              /* interned */
+
+/* The side a device argument names (borrowed): the device's, the host's, or None where it
+ * names neither (a dtype, a device read off a tensor): torch's answer stands. NULL where
+ * only the Python twin can tell (another tensor), or with an error set. */
+static PyObject *side_of_spec(StayObject *self, PyObject *spec)
+{
+    if (spec == self->device)
+        return self->device_side;
+    if (PyUnicode_CheckExact(spec)) {
+        if (PyUnicode_CompareWithASCIIString(spec, "cpu") == 0 ||
+            PyUnicode_Tailmatch(spec, cpu_prefix, 0, 4, -1) == 1)
+            return self->host_side;
+        return Py_None;
+    }
+    if (PyObject_TypeCheck(spec, (PyTypeObject *)self->tensor_type))
+        return NULL;
+    if (spec == PyDict_GetItemWithError(self->named, cpu_name))
+        return self->host_side;
+    return PyErr_Occurred() ? NULL : Py_None;
+}
+
+/* The device argument of ``to(device, ...)`` or ``to(device=...)`` (borrowed), or NULL. */
+static PyObject *device_argument(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    Py_ssize_t i, count;
+    if (nargs >= 2)
+        return args[1];
+    if (kwnames == NULL)
+        return NULL;
+    count = PyTuple_GET_SIZE(kwnames);
+    for (i = 0; i < count; i++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, i);
+        if (name == device_name || PyUnicode_Compare(name, device_name) == 0)
+            return args[nargs + i];
+    }
+    return NULL;
+}
+
+/* 1 where a move placed ``tensor`` on ``side`` (or on pinned host memory, for the host),
+ * 0 where not or not known here, -1 with an error set. */
+static int placed_on(StayObject *self, PyObject *tensor, PyObject *side)
+{
+    PyObject *key = PyLong_FromVoidPtr(tensor), *entry, *known;
+    if (key == NULL)
+        return -1;
+    entry = PyDict_GetItemWithError(self->sides, key);           /* borrowed */
+    Py_DECREF(key);
+    if (entry == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) < 1)
+        return 0;
+    known = PyTuple_GET_ITEM(entry, 0);
+    return known == side || (side == self->host_side && known == self->pinned_side);
+}
+
+static PyObject *Stay_vectorcall(StayObject *self, PyObject *const *args, size_t nargsf,
+                                 PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *side = self->side, *result, *stack[3], *out;
+    int placed;
+    if (nargs < 1)
+        return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+    if (side == Py_None) {
+        PyObject *spec = device_argument(args, nargs, kwnames);
+        if (spec != NULL) {
+            side = side_of_spec(self, spec);
+            if (side == NULL && PyErr_Occurred())
+                return NULL;
+            if (side == NULL)
+                return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+        }
+    }
+    result = PyObject_Vectorcall(self->move, args, nargsf, kwnames);
+    if (result == NULL || side == Py_None)
+        return result;
+    if (result == args[0]) {
+        placed = placed_on(self, args[0], side);
+        if (placed != 0) {
+            if (placed < 0)
+                Py_CLEAR(result);
+            return result;
+        }
+    }
+    stack[0] = args[0];
+    stack[1] = result;
+    stack[2] = side;
+    out = PyObject_Vectorcall(self->moved, stack, 3, NULL);
+    Py_DECREF(result);
+    return out;
+}
+
+static PyObject *Stay_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *keywords[] = {"move", "fallback", "moved", "sides", "side", "device", "named",
+                               "tensor_type", "device_side", "host_side", "pinned_side", NULL};
+    PyObject *values[11];
+    StayObject *self;
+    int i;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO!OOO!O!OOO:Stay", keywords, &values[0],
+                                     &values[1], &values[2], &PyDict_Type, &values[3], &values[4],
+                                     &values[5], &PyDict_Type, &values[6], &PyType_Type, &values[7],
+                                     &values[8], &values[9], &values[10]))
+        return NULL;
+    self = (StayObject *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    for (i = 0; i < 11; i++)
+        Py_INCREF(values[i]);
+    self->move = values[0];
+    self->fallback = values[1];
+    self->moved = values[2];
+    self->sides = values[3];
+    self->side = values[4];
+    self->device = values[5];
+    self->named = values[6];
+    self->tensor_type = values[7];
+    self->device_side = values[8];
+    self->host_side = values[9];
+    self->pinned_side = values[10];
+    self->vectorcall = (vectorcallfunc)Stay_vectorcall;
+    return (PyObject *)self;
+}
+
+static int Stay_traverse(StayObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->move);
+    Py_VISIT(self->fallback);
+    Py_VISIT(self->moved);
+    Py_VISIT(self->sides);
+    Py_VISIT(self->side);
+    Py_VISIT(self->device);
+    Py_VISIT(self->named);
+    Py_VISIT(self->tensor_type);
+    Py_VISIT(self->device_side);
+    Py_VISIT(self->host_side);
+    Py_VISIT(self->pinned_side);
+    Py_VISIT(self->dict);
+    return 0;
+}
+
+static int Stay_clear(StayObject *self)
+{
+    Py_CLEAR(self->move);
+    Py_CLEAR(self->fallback);
+    Py_CLEAR(self->moved);
+    Py_CLEAR(self->sides);
+    Py_CLEAR(self->side);
+    Py_CLEAR(self->device);
+    Py_CLEAR(self->named);
+    Py_CLEAR(self->tensor_type);
+    Py_CLEAR(self->device_side);
+    Py_CLEAR(self->host_side);
+    Py_CLEAR(self->pinned_side);
+    Py_CLEAR(self->dict);
+    return 0;
+}
+
+static void Stay_dealloc(StayObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    Stay_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef Stay_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(StayObject, vectorcall), READONLY},
+    {"__dictoffset__", T_PYSSIZET, offsetof(StayObject, dict), READONLY},
+    {NULL}
+};
+
+PyTypeObject StayType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "cudashim._speedups.Stay",
+    .tp_basicsize = sizeof(StayObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+                Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_doc = "Stay(move, fallback, moved, sides, side, device, named, tensor_type, device_side, "
+              "host_side, pinned_side): a move that returns its tensor where a move placed it already",
+    .tp_new = Stay_new,
+    .tp_traverse = (traverseproc)Stay_traverse,
+    .tp_clear = (inquiry)Stay_clear,
+    .tp_dealloc = (destructor)Stay_dealloc,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(StayObject, vectorcall),
+    .tp_descr_get = bind_as_method,
+    .tp_dictoffset = offsetof(StayObject, dict),
+    .tp_getattro = PyObject_GenericGetAttr,
+    .tp_setattro = PyObject_GenericSetAttr,
+    .tp_members = Stay_members,
+    .tp_getset = wrapper_getset,
+    .tp_repr = wrapper_repr,
+};
+
+int residency_init_names(void)
+{
+    device_name = PyUnicode_InternFromString("device");
+    cpu_name = PyUnicode_InternFromString("cpu");
+    cpu_prefix = PyUnicode_InternFromString("cpu:");
+    return device_name != NULL && cpu_name != NULL && cpu_prefix != NULL;
+}
