@@ -144,6 +144,11 @@ NAMES: Dict[str, Name] = {name.path: name for name in (
        "nothing to set aside: a torch without it stashes no Python state for its backward threads"),
     _n("torch._C._remove_obj_from_tls", "autograd_exit", FALLBACK,
        "the stashed contextvars stay in the exit's backward, whose device thread then frees them"),
+    _n("torch.utils.data.dataloader._BaseDataLoaderIter", "data", FALLBACK,
+       "DataLoader(pin_memory=True) pins nothing where device memory is host memory: a batch is the "
+       "memory the dataset or collate returned, not a pinned copy"),
+    _n("torch.utils.data._utils.pin_memory.pin_memory", "data", FALLBACK,
+       "as without _BaseDataLoaderIter: DataLoader batches are not pinned copies on the CPU backend"),
     _n("torch.cpu._is_amx_fp16_supported", "cpu_speed", FALLBACK,
        "the CPU's amx_fp16 flag in /proc/cpuinfo"),
     _n("torch.cpu._is_avx512_bf16_supported", "cpu_speed", FALLBACK,

@@ -127,6 +127,26 @@ def test_pinning_returns_a_pinned_copy(shim):
     assert staged.tolist() == [1, 1, 1]
 
 
+def test_a_data_loader_hands_out_pinned_copies_of_its_samples(shim):
+    import warnings
+
+    import torch
+    from torch.utils.data import DataLoader
+    samples = [torch.full((2,), float(i)) for i in range(4)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")        # no "no accelerator is found": CUDA pins here
+        loader = DataLoader(samples, batch_size=None, pin_memory=True)
+        assert loader.pin_memory
+        for sample, batch in zip(samples, loader):
+            assert batch.is_pinned() and not sample.is_pinned()
+            batch.mul_(0)                      # the program's own copy to edit, as on CUDA
+        assert [sample.tolist() for sample in samples] == [[0, 0], [1, 1], [2, 2], [3, 3]]
+        batches = list(DataLoader(samples, batch_size=2, pin_memory=True, num_workers=1))
+    assert [batch.is_pinned() for batch in batches] == [True, True]
+    assert [batch.tolist() for batch in batches] == [[[0, 0], [1, 1]], [[2, 2], [3, 3]]]
+    assert not any(batch.is_pinned() for batch in DataLoader(samples, batch_size=2))
+
+
 def test_the_report_counts_the_copies_it_made(tmp_path):
     program = tmp_path / "moves.py"
     program.write_text("import torch\nx = torch.ones(3)\nfor _ in range(3):\n    y = x.cuda()\n    z = y.cpu()\n"
