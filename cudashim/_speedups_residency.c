@@ -3,9 +3,10 @@
  *
  * A move to where a move already placed the tensor returns it, as on CUDA; that is the
  * common call (``batch.to(device)`` on a tensor already there, ``loss.cpu()`` on a host
- * copy), so it is answered here: torch's move, one dict probe of the residency's sides, and
- * the tensor back. Every other outcome (a copy to make, a result to place, a tensor of
- * unknown side) is the Python twin's ``moved`` to decide, as without this type. */
+ * copy), so it is answered here: one dict probe of the residency's sides and the tensor back
+ * (torch's move is asked first only where its other arguments could change the answer).
+ * Every other outcome (a copy to make, a result to place, a tensor of unknown side) is the
+ * Python twin's ``moved`` to decide, as without this type. */
 
 #include "_speedups.h"
 
@@ -19,6 +20,8 @@ typedef struct {
     PyObject *device;     /* the target's device object */
     PyObject *named;      /* the translator's named devices: "cpu" -> the program's torch.device("cpu") */
     PyObject *tensor_type;      /* torch._C.TensorBase: to(other) takes the other's side */
+    PyObject *plain_types;      /* (torch.Tensor, torch.nn.Parameter): moved by torch alone */
+    PyObject *modes_enabled;    /* whether a torch function mode is on, or None: not known */
     PyObject *device_side, *host_side, *pinned_side;
     PyObject *dict;
     vectorcallfunc vectorcall;
@@ -80,6 +83,44 @@ static int placed_on(StayObject *self, PyObject *tensor, PyObject *side)
     return known == side || (side == self->host_side && known == self->pinned_side);
 }
 
+/* Whether ``spec`` names the one device of its side, not an index of it ("cpu:0" is another
+ * device to torch, which copies there). */
+static int names_the_device_itself(StayObject *self, PyObject *spec)
+{
+    PyObject *host;
+    if (spec == self->device)
+        return 1;
+    if (PyUnicode_CheckExact(spec))
+        return PyUnicode_CompareWithASCIIString(spec, "cpu") == 0;
+    host = PyDict_GetItemWithError(self->named, cpu_name);
+    if (host == NULL)
+        PyErr_Clear();
+    return host != NULL && spec == host;
+}
+
+/* Whether a move by its destination alone (``t.cuda()``, ``h.cpu()``, ``t.to("cuda")``) of
+ * ``tensor`` to ``side`` is ``tensor`` itself, without asking torch: it is placed there, and
+ * torch's move would return it, since where device memory is host memory there is one device
+ * and every placed tensor is a host tensor. Only for a plain tensor or parameter (a subclass
+ * moves itself) and while no torch function mode is on (a mode sees every call). 1, 0, or -1
+ * with an error set. */
+static int moves_to_itself(StayObject *self, PyObject *tensor, PyObject *side)
+{
+    PyObject *modes;
+    int enabled;
+    if (self->modes_enabled == Py_None ||
+        PySequence_Contains(self->plain_types, (PyObject *)Py_TYPE(tensor)) != 1)
+        return 0;
+    modes = PyObject_CallNoArgs(self->modes_enabled);
+    if (modes == NULL)
+        return -1;
+    enabled = PyObject_IsTrue(modes);
+    Py_DECREF(modes);
+    if (enabled != 0)
+        return enabled < 0 ? -1 : 0;
+    return placed_on(self, tensor, side);
+}
+
 static PyObject *Stay_vectorcall(StayObject *self, PyObject *const *args, size_t nargsf,
                                  PyObject *kwnames)
 {
@@ -96,6 +137,16 @@ static PyObject *Stay_vectorcall(StayObject *self, PyObject *const *args, size_t
                 return NULL;
             if (side == NULL)
                 return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+        }
+    }
+    if (side != Py_None && kwnames == NULL && (self->side == Py_None ?
+            nargs == 2 && names_the_device_itself(self, args[1]) : nargs == 1)) {
+        placed = moves_to_itself(self, args[0], side);
+        if (placed != 0) {
+            if (placed < 0)
+                return NULL;
+            Py_INCREF(args[0]);
+            return args[0];
         }
     }
     result = PyObject_Vectorcall(self->move, args, nargsf, kwnames);
@@ -120,19 +171,21 @@ static PyObject *Stay_vectorcall(StayObject *self, PyObject *const *args, size_t
 static PyObject *Stay_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     static char *keywords[] = {"move", "fallback", "moved", "sides", "side", "device", "named",
-                               "tensor_type", "device_side", "host_side", "pinned_side", NULL};
-    PyObject *values[11];
+                               "tensor_type", "device_side", "host_side", "pinned_side",
+                               "plain_types", "modes_enabled", NULL};
+    PyObject *values[13];
     StayObject *self;
     int i;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO!OOO!O!OOO:Stay", keywords, &values[0],
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO!OOO!O!OOOO!O:Stay", keywords, &values[0],
                                      &values[1], &values[2], &PyDict_Type, &values[3], &values[4],
                                      &values[5], &PyDict_Type, &values[6], &PyType_Type, &values[7],
-                                     &values[8], &values[9], &values[10]))
+                                     &values[8], &values[9], &values[10], &PyTuple_Type, &values[11],
+                                     &values[12]))
         return NULL;
     self = (StayObject *)type->tp_alloc(type, 0);
     if (self == NULL)
         return NULL;
-    for (i = 0; i < 11; i++)
+    for (i = 0; i < 13; i++)
         Py_INCREF(values[i]);
     self->move = values[0];
     self->fallback = values[1];
@@ -145,6 +198,8 @@ static PyObject *Stay_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->device_side = values[8];
     self->host_side = values[9];
     self->pinned_side = values[10];
+    self->plain_types = values[11];
+    self->modes_enabled = values[12];
     self->vectorcall = (vectorcallfunc)Stay_vectorcall;
     return (PyObject *)self;
 }
@@ -162,6 +217,8 @@ static int Stay_traverse(StayObject *self, visitproc visit, void *arg)
     Py_VISIT(self->device_side);
     Py_VISIT(self->host_side);
     Py_VISIT(self->pinned_side);
+    Py_VISIT(self->plain_types);
+    Py_VISIT(self->modes_enabled);
     Py_VISIT(self->dict);
     return 0;
 }
@@ -179,6 +236,8 @@ static int Stay_clear(StayObject *self)
     Py_CLEAR(self->device_side);
     Py_CLEAR(self->host_side);
     Py_CLEAR(self->pinned_side);
+    Py_CLEAR(self->plain_types);
+    Py_CLEAR(self->modes_enabled);
     Py_CLEAR(self->dict);
     return 0;
 }
@@ -203,7 +262,7 @@ PyTypeObject StayType = {
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
                 Py_TPFLAGS_METHOD_DESCRIPTOR,
     .tp_doc = "Stay(move, fallback, moved, sides, side, device, named, tensor_type, device_side, "
-              "host_side, pinned_side): a move that returns its tensor where a move placed it already",
+              "host_side, pinned_side, plain_types, modes_enabled): a move that returns its tensor where a move placed it already",
     .tp_new = Stay_new,
     .tp_traverse = (traverseproc)Stay_traverse,
     .tp_clear = (inquiry)Stay_clear,

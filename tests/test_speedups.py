@@ -62,6 +62,7 @@ CALLS = [
     ("moved to another tensor's side", lambda t: (lambda d: (t.to(d) is t, d.to(t) is d,
                                                              d.to(d) is d))(t.cuda())),
     ("unplaced tensor moved", lambda t: (t.cuda() is t, t.to("cuda") is t, t.cpu() is t)),
+    ("placed tensor moved under a function mode", lambda t: moved_under_a_mode(t.cuda())),
     ("device cuda", lambda t: torch.device("cuda")),
     ("device cuda, 0", lambda t: torch.device("cuda", 0)),
     ("device 0", lambda t: torch.device(0)),
@@ -73,6 +74,25 @@ CALLS = [
     ("set_device, then current", lambda t: (torch.cuda.set_device(0), torch.cuda.current_device())),
     ("get_device_name", lambda t: torch.cuda.get_device_name(0)),
 ]
+
+
+class CountingMode(torch.overrides.TorchFunctionMode):
+    calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def moved_under_a_mode(device_tensor):
+    """Each move of a tensor to where it is: whether it is the tensor, and whether a torch
+    function mode saw a call for it (every call goes to the mode, as natively)."""
+    seen = []
+    with CountingMode() as mode:
+        for move in (lambda d: d.to("cuda"), lambda d: d.cuda(), lambda d: d.cpu().cpu()):
+            before = mode.calls
+            seen.append((move(device_tensor) is device_tensor, mode.calls > before))
+    return seen
 
 
 def outcome(call, tensor):
@@ -118,6 +138,8 @@ def test_compiled_and_pure_python_wrappers_agree_on_every_call():
     assert "invalid device ordinal" in compiled["cuda(9)"][2]
     assert compiled["device tensor moved again"] == ("value", repr((True,) * 4 + (False,) * 3))
     # torch copies to "cpu:0" itself: a host tensor's device has no index
+    assert compiled["placed tensor moved under a function mode"] == (
+        "value", repr([(True, True), (True, True), (False, True)]))
     assert compiled["host copy moved again"] == ("value", repr((True,) * 3 + (False, False, "meta")))
 
 

@@ -14,6 +14,7 @@ import functools
 
 import torch
 
+from .. import torch_names
 from ..patching.rewriter import compiled_twin
 from ..residency import DEVICE, HOST, PINNED, Residency
 
@@ -103,12 +104,16 @@ def compiled_stay(activation, residency):
         return lambda move, python, side, api: python
     device_object, named = activation.backend.target_device(None), activation.translator.named
     moved = residency.moved
+    plain = (torch.Tensor, torch.nn.Parameter)
+    # where torch cannot say whether a function mode is on, torch's move is always asked
+    modes_enabled = torch_names.get("torch._C._is_torch_function_mode_enabled", None)
 
     def stay(move, python, side, api):
         def decide(tensor, result, side):
             return moved(tensor, result, side, api)
         return compiled_twin(compiled.Stay(move, python, decide, residency.sides, side, device_object,
-                                           named, torch._C.TensorBase, DEVICE, HOST, PINNED), python)
+                                           named, torch._C.TensorBase, DEVICE, HOST, PINNED, plain,
+                                           modes_enabled), python)
     return stay
 
 

@@ -111,8 +111,11 @@ def install(activation):
             return residency.moved(self, result, DEVICE_SIDE, "Tensor.cuda")
 
     if compiled is not None:             # t.cuda() and t.cuda(i) without a Python frame
-        # To host memory, Tensor.cpu() is the same move as to(cpu) with less argument parsing.
-        host = backend.target_device(None) if backend.device_type == "cpu" else None
+        # To host memory, Tensor.cpu() is the same move as to(cpu) with less argument parsing;
+        # not where the moves copy, since a torch function mode hands torch.Tensor.cpu, which
+        # then means a move to the host, what TensorBase.cpu was called for.
+        host = backend.target_device(None) if backend.device_type == "cpu" and residency is None \
+            else None
         fast = compiled.DefaultDevice(
             real_to, translated, "cuda", *activation.translator.compiled_translation(translate_cuda),
             host, torch._C.TensorBase.cpu)
