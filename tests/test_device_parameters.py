@@ -261,6 +261,9 @@ def test_host_memory_vocabulary_on_the_cpu(shim, tmp_path):
     staging = torch.empty(4, pin_memory=True)
     batch = torch.zeros(2, 3, device="cuda", pin_memory=True)
     assert not staging.is_pinned() and batch.device.type == "cpu"
+    # and so are a tensor's own constructors (torch alone raises: no pinned memory allocator)
+    assert staging.new_zeros(3, pin_memory=True).tolist() == [0, 0, 0]
+    assert staging.new_full((2,), 7.0, pin_memory=True, device="cuda").tolist() == [7, 7]
 
 
 # --- comparisons against classes cudashim stands in for --------------------------------

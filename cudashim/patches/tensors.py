@@ -12,7 +12,7 @@ import torch
 from .. import torch_names
 from ..backends.host import HostStream
 from ..patching.by_caller import ByCaller, apply as apply_by_caller
-from ..patching.rewriter import DEVICE, apply, compiled_twin, rewrite
+from ..patching.rewriter import DEVICE, PIN_MEMORY, Argument, Rewrite, apply, compiled_twin, rewrite
 from ..residency import DEVICE as DEVICE_SIDE, PINNED as PINNED_SIDE
 from .residency import compiled_stay
 
@@ -25,8 +25,9 @@ REWRITES = (
     # loads, and accepts only functions (its polyfill parses devices with torch.device,
     # which translates).
     rewrite("torch._C._nn:_parse_to", DEVICE, position=0, compiled=False),
-    *(rewrite(f"torch:Tensor.{name}", DEVICE, places=True) for name in (
-        "new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full", "new_tensor")),
+    # the constructors a tensor has: pin_memory as torch's own constructors take it
+    *(Rewrite(f"torch:Tensor.{name}", (Argument(DEVICE), Argument(PIN_MEMORY, "pin_memory")), places=True)
+      for name in ("new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full", "new_tensor")),
     rewrite("torch:TypedStorage.to", DEVICE),
     *(rewrite(f"torch:TypedStorage.{name}", DEVICE, missing="cuda")     # device="cuda" by default
       for name in ("pin_memory", "is_pinned")),
