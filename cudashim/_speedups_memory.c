@@ -35,11 +35,18 @@ static PyObject *storage_of(PyObject *tensor)
     return storage;
 }
 
-/* 1 where ``storage`` is counted, 0 where not, -1 with an error set. */
+/* 1 where ``storage`` is counted, 0 where not, -1 with an error set. A storage no weak
+ * reference points to is not counted (a constructor's, the common case): known without
+ * making one to probe with. */
 static int counted(DeviceMemoryObject *self, PyObject *storage)
 {
-    PyObject *probe = PyWeakref_NewRef(storage, NULL);
+    PyTypeObject *type = Py_TYPE(storage);
+    PyObject *probe;
     int known;
+    if (type->tp_weaklistoffset > 0 &&
+            *(PyObject **)((char *)storage + type->tp_weaklistoffset) == NULL)
+        return 0;
+    probe = PyWeakref_NewRef(storage, NULL);
     if (probe == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_TypeError))
             return -1;
