@@ -35,6 +35,7 @@ BENCHMARKS = {
     "graphs": (["graphs.py", "--rounds", "5", "--steps", "40"], ["--rounds", "2", "--steps", "10"]),
     "data_parallel": (["data_parallel.py", "--steps", "30", "--rounds", "4"], ["--steps", "10", "--rounds", "2"]),
     "copies": (["copies.py"], ["--quick"]),
+    "collectives": (["collectives.py"], ["--quick"]),
     "scan": (["scan.py"], ["--files", "200", "--repeats", "1"]),
     "scan_agreement": (["scan_agreement.py"], []),
 }
@@ -247,9 +248,23 @@ def render_scan_agreement(result):
     return "cudashim scan against real programs", lines
 
 
+def render_collectives(result):
+    lines = ["`python benchmarks/collectives.py`: the program's NCCL collectives on a target without a "
+             "collective library of its own, staged through host memory to gloo "
+             "(`cudashim/backends/staged.py`; the test accelerator's `shimccl` takes the same path), "
+             "against gloo on host tensors in the same run: two ranks on the test accelerator, turn by "
+             "turn, one thread each as torchrun starts them; medians.", "",
+             "| collective | staged (device tensors) | gloo (host tensors) | speed | target | met |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for row in result["rows"]:
+        lines.append(f"| {row['what']} | {ms(row['staged_ms'])} | {ms(row['gloo_ms'])} | {row['speed']:.2f}x | "
+                     f"{row['target']:.1f}x | {row['met']}{'' if row['correct'] else ' (wrong result)'} |")
+    return "Collectives staged through host memory", lines
+
+
 RENDERERS = {"kernels": render_kernels, "overhead": render_overhead, "precision": render_precision,
              "graphs": render_graphs, "data_parallel": render_data_parallel, "copies": render_copies,
-             "scan": render_scan,
+             "collectives": render_collectives, "scan": render_scan,
              "scan_agreement": render_scan_agreement}
 
 

@@ -421,3 +421,24 @@ def test_a_built_in_backend_is_one_module_found_by_its_name(tmp_path, monkeypatc
     assert "'ipu'" in built_in and "'base'" not in built_in and "'host'" not in built_in
     assert order == str(("cuda", "xpu", "npu", "hpu", "mps", "ipu", "accelerator", "cpu"))
     assert state == "absent: no IPU here"
+
+
+def test_staged_collectives_keep_their_host_buffers_one_collective_at_a_time():
+    from cudashim.backends.staged import StagingBuffers
+    staging = StagingBuffers()
+    like = torch.ones(4, 3)
+    first = staging.take(like)
+    assert first.shape == (4, 3) and first.dtype == torch.float32 and first.is_contiguous()
+    taken_meanwhile = staging.take(like)            # another collective, while the first runs
+    assert taken_meanwhile.data_ptr() != first.data_ptr()
+    staging.give_back([first, taken_meanwhile])
+    again = [staging.take(torch.ones(12)), staging.take(torch.ones(2, 6))]   # any shape of that size
+    assert {t.data_ptr() for t in again} == {first.data_ptr(), taken_meanwhile.data_ptr()}
+    assert staging.take(torch.ones(12, dtype=torch.float64)).data_ptr() not in {t.data_ptr() for t in again}
+    staging.give_back(again)
+    # past what it keeps, a buffer given back is freed
+    staging.KEPT_BYTES = 2 * 12 * 4 + 8
+    staging.give_back([torch.empty(12)])
+    assert staging.take(torch.ones(12)).data_ptr() in {t.data_ptr() for t in again}
+    assert staging.take(torch.ones(12)).data_ptr() in {t.data_ptr() for t in again}
+    assert staging.take(torch.ones(12)).data_ptr() not in {t.data_ptr() for t in again}
