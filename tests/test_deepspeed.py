@@ -112,7 +112,7 @@ def test_the_one_bit_backends_agree_with_the_torch_simulation(tmp_path):
     compressed backend (DeepSpeed's code, with cudashim's packbits op) each compress a
     padded buffer on two ranks as a float32 simulation of the algorithm says."""
     seen = _two_ranks(tmp_path, program=BACKENDS)
-    assert seen["NcclBackend"]["module"] == "cudashim.patches._deepspeed_onebit"
+    assert seen["NcclBackend"]["module"] == "cudashim.patches.frameworks.deepspeed_onebit"
     assert seen["CompressedBackend"]["module"] == "deepspeed.runtime.comm.compressed"
     for backend in seen.values():
         assert backend["result"] < 1e-6 and backend["worker_error"] < 1e-6 and backend["server_error"] < 1e-6
@@ -135,7 +135,7 @@ def test_one_bit_optimizers_train_with_the_nccl_backend(tmp_path):
                                    "--optimizer", ",".join(ONE_BIT), "--comm-backend", backend)["runs"]
     for optimizer in ONE_BIT:
         nccl, compressed = runs["nccl"][optimizer], runs["compressed"][optimizer]
-        assert nccl["onebit"]["backend"] == "cudashim.patches._deepspeed_onebit.NcclBackend"
+        assert nccl["onebit"]["backend"] == "cudashim.patches.frameworks.deepspeed_onebit.NcclBackend"
         assert compressed["onebit"]["backend"] == "deepspeed.runtime.comm.compressed.CompressedBackend"
         assert nccl["onebit"]["calls"] > 0 and nccl["onebit"]["calls"] == compressed["onebit"]["calls"]
         assert nccl["backend"] == "nccl" and nccl["parameter"] == ["cpu", "torch.float16", True]

@@ -165,7 +165,7 @@ def test_a_worker_of_an_elastic_round_keys_its_store_by_the_round(monkeypatch):
     """A restarted group across nodes must not read its dead predecessor's keys from the
     agent's store: a worker told its rendezvous round keeps its keys under that round."""
     import cudashim
-    from cudashim.patches._elastic_rounds import ROUND
+    from cudashim.patches.distributed.elastic_rounds import ROUND
     from conftest import free_port
     import datetime
     port, timeout = free_port(), datetime.timedelta(seconds=20)

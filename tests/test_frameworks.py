@@ -93,7 +93,7 @@ def test_the_cpu_accelerator_gets_a_packbits_op_while_active(monkeypatch):
     accelerator = _fake_deepspeed(monkeypatch, "cpu")
     with cudashim.activated("cpu"):
         builder = accelerator().get_op_builder("PackbitsBuilder")
-        assert builder.__module__ == "cudashim.patches._deepspeed_onebit"
+        assert builder.__module__ == "cudashim.patches.frameworks.deepspeed_onebit"
         assert accelerator().get_op_builder("CPUAdamBuilder") == "its own builder"
         packer = builder().load()
         values = torch.tensor([0.5, -1.0, 0.0, -0.0, 2.0, -3.0, 1e-30, -1e-30, 4.0, -5.0])
@@ -124,7 +124,7 @@ def test_the_nccl_one_bit_backend_is_served_while_active_and_real_again_after(tm
     _fake_nccl_backend(tmp_path, monkeypatch)
     with cudashim.activated("cpu"):
         from deepspeed.runtime.comm.nccl import NcclBackend
-        assert NcclBackend.__module__ == "cudashim.patches._deepspeed_onebit"
+        assert NcclBackend.__module__ == "cudashim.patches.frameworks.deepspeed_onebit"
     with pytest.raises(ImportError, match="cupy"):
         from deepspeed.runtime.comm.nccl import NcclBackend  # noqa: F811
 
@@ -140,7 +140,7 @@ def test_the_served_nccl_backend_keeps_deepspeeds_call(world_of_one):
     """One rank: the average of one buffer is itself, compressed to its scale times its
     signs; the result comes back in the buffer's shape, the errors hold what was lost."""
     from cudashim.kernels import error_buffer_size
-    from cudashim.patches._deepspeed_onebit import NcclBackend
+    from cudashim.patches.frameworks.deepspeed_onebit import NcclBackend
 
     torch.distributed.init_process_group("nccl", init_method=world_of_one, rank=0, world_size=1)
     backend = NcclBackend()

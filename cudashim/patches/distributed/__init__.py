@@ -11,14 +11,13 @@ import weakref
 
 import torch
 
-from ..backends import staged
-from ..patching import by_caller
-from ..patching.by_caller import ByCaller
-from ..patching.rewriter import BOUND_DEVICE, BOUND_DEVICES, BOUND_INDICES, DEVICE, DEVICE_TYPE, \
+from ...backends import staged
+from ...patching import by_caller
+from ...patching.by_caller import ByCaller
+from ...patching.rewriter import BOUND_DEVICE, BOUND_DEVICES, BOUND_INDICES, DEVICE, DEVICE_TYPE, \
     EAGER_DEVICE, Argument, Rewrite, rewrite, rewritten
-from . import _nccl_order as nccl_order, _nccl_reductions as nccl_reductions, _nccl_shapes as nccl_shapes
-from . import _ddp_pinned, _elastic_rounds, _sync_batch_norm
-from ._group_exit import NcclGroupExit
+from . import ddp_pinned, elastic_rounds, nccl_order, nccl_reductions, nccl_shapes, sync_batch_norm
+from .group_exit import NcclGroupExit
 
 REWRITES = (
     # DDP takes no device_ids for CPU modules; other targets take their real devices.
@@ -178,16 +177,16 @@ def install(activation):
     activation.replace(dist, "is_nccl_available", lambda original: functools.wraps(original)(
         lambda: dist.is_backend_available(target.collective)))
     if target.device_type == "cpu":            # SyncBatchNorm where CUDA's devices are the host
-        activation.replace(torch.nn.SyncBatchNorm, "forward", _sync_batch_norm.forward_on_the_host)
+        activation.replace(torch.nn.SyncBatchNorm, "forward", sync_batch_norm.forward_on_the_host)
         activation.replace(torch.nn.parallel.DistributedDataParallel, "_passing_sync_batchnorm_handle",
-                           _sync_batch_norm.ddp_accepts_it_on_the_host)
+                           sync_batch_norm.ddp_accepts_it_on_the_host)
         activation.when_imported(FSDP_MODULE, lambda module: activation.replace(
             module.FullyShardedDataParallel, "set_state_dict_type", _state_dicts_without_offload))
         activation.when_imported(FSDP_MODULE, lambda module: activation.replace(
             module, "_init_device_handle", _fsdp_device_on_the_host))
 
-    _ddp_pinned.install(activation)
-    _elastic_rounds.install(activation)
+    ddp_pinned.install(activation)
+    elastic_rounds.install(activation)
 
     if spellings is not None:        # torch chooses devices by the real library: it hears it
         def spelled(original):

@@ -16,7 +16,7 @@ import inspect
 
 import torch
 
-from ..errors import UnsupportedCudaAPI
+from ...errors import UnsupportedCudaAPI
 
 # The DDP options that make the reducer track which parameters were used.
 TRACKING = ("find_unused_parameters", "static_graph")

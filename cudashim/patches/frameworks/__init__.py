@@ -2,8 +2,8 @@
 its CUDA words: DeepSpeed on its own accelerator for the target, Lightning and Accelerate on
 their CUDA paths.
 
-Lightning's part is ``_lightning.py``, Accelerate's ``_accelerate.py``, Ray's GPU count
-``_ray.py``. The rest of this module is DeepSpeed's.
+Lightning's part is ``lightning.py``, Accelerate's ``accelerate.py``, Ray's GPU count
+``ray.py``. The rest of this module is DeepSpeed's.
 
 DeepSpeed chooses its device layer (``deepspeed.accelerator``) from ``DS_ACCELERATOR``, or,
 where that is unset, from what ``torch.cuda`` answers, which under cudashim is the program's
@@ -18,7 +18,7 @@ the precision policy says (the matmul family in float32, rounded once), so that 
 answers that fp16 is supported.
 
 The 1-bit optimizers' ``"nccl"`` backend packs with CuPy, and DeepSpeed's CPU, MPS and HPU
-accelerators have no packbits op for its ``"compressed"`` backend: ``_deepspeed_onebit.py``
+accelerators have no packbits op for its ``"compressed"`` backend: ``deepspeed_onebit.py``
 serves both from ``cudashim.kernels``.
 
 DeepSpeed's CPU communication (``deepspeed_shm_comm``) gives every rank a 66 MiB buffer in
@@ -44,8 +44,9 @@ from typing import Optional, Tuple
 
 import wrapt
 
-from ..errors import CudashimWarning, UnsupportedCudaAPI
-from . import _accelerate as accelerate, _deepspeed_onebit as onebit, _lightning as lightning, _ray as ray
+from ...errors import CudashimWarning, UnsupportedCudaAPI
+from . import accelerate, lightning, ray
+from . import deepspeed_onebit as onebit
 
 SELECTOR = "DS_ACCELERATOR"
 ACCELERATORS = "deepspeed.accelerator.real_accelerator"

@@ -26,7 +26,7 @@ import weakref
 
 import torch
 
-from ..backends import staged
+from ...backends import staged
 
 # The libraries that hand a group's collectives to several threads, so that a later one can
 # finish first: gloo, and cudashim's host-staged library, gloo underneath for host tensors.

@@ -22,8 +22,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-from ..kernels import CompressedBackend, pack_signs, unpack_signs
-from ..patching.import_hook import ImportHook
+from ...kernels import CompressedBackend, pack_signs, unpack_signs
+from ...patching.import_hook import ImportHook
 
 NCCL_MODULE = "deepspeed.runtime.comm.nccl"
 
