@@ -21,7 +21,8 @@ typedef struct {
     PyObject *named;      /* the translator's named devices: "cpu" -> the program's torch.device("cpu") */
     PyObject *tensor_type;      /* torch._C.TensorBase: to(other) takes the other's side */
     PyObject *plain_types;      /* (torch.Tensor, torch.nn.Parameter): moved by torch alone */
-    PyObject *modes_enabled;    /* whether a torch function mode is on, or None: not known */
+    PyObject *watchers;   /* None where not known, else callables: does a torch function mode,
+                             or a JIT trace, see torch's calls now */
     PyObject *device_side, *host_side, *pinned_side;
     PyObject *dict;
     vectorcallfunc vectorcall;
@@ -102,22 +103,24 @@ static int names_the_device_itself(StayObject *self, PyObject *spec)
  * ``tensor`` to ``side`` is ``tensor`` itself, without asking torch: it is placed there, and
  * torch's move would return it, since where device memory is host memory there is one device
  * and every placed tensor is a host tensor. Only for a plain tensor or parameter (a subclass
- * moves itself) and while no torch function mode is on (a mode sees every call). 1, 0, or -1
- * with an error set. */
+ * moves itself), and while nothing watches torch's calls (a torch function mode sees every
+ * call; a JIT trace records torch's move). 1, 0, or -1 with an error set. */
 static int moves_to_itself(StayObject *self, PyObject *tensor, PyObject *side)
 {
-    PyObject *modes;
-    int enabled;
-    if (self->modes_enabled == Py_None ||
+    Py_ssize_t i;
+    if (!PyTuple_Check(self->watchers) ||
         PySequence_Contains(self->plain_types, (PyObject *)Py_TYPE(tensor)) != 1)
         return 0;
-    modes = PyObject_CallNoArgs(self->modes_enabled);
-    if (modes == NULL)
-        return -1;
-    enabled = PyObject_IsTrue(modes);
-    Py_DECREF(modes);
-    if (enabled != 0)
-        return enabled < 0 ? -1 : 0;
+    for (i = 0; i < PyTuple_GET_SIZE(self->watchers); i++) {
+        PyObject *answer = PyObject_CallNoArgs(PyTuple_GET_ITEM(self->watchers, i));
+        int watched;
+        if (answer == NULL)
+            return -1;
+        watched = PyObject_IsTrue(answer);
+        Py_DECREF(answer);
+        if (watched != 0)
+            return watched < 0 ? -1 : 0;
+    }
     return placed_on(self, tensor, side);
 }
 
@@ -172,7 +175,7 @@ static PyObject *Stay_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     static char *keywords[] = {"move", "fallback", "moved", "sides", "side", "device", "named",
                                "tensor_type", "device_side", "host_side", "pinned_side",
-                               "plain_types", "modes_enabled", NULL};
+                               "plain_types", "watchers", NULL};
     PyObject *values[13];
     StayObject *self;
     int i;
@@ -199,7 +202,7 @@ static PyObject *Stay_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->host_side = values[9];
     self->pinned_side = values[10];
     self->plain_types = values[11];
-    self->modes_enabled = values[12];
+    self->watchers = values[12];
     self->vectorcall = (vectorcallfunc)Stay_vectorcall;
     return (PyObject *)self;
 }
@@ -218,7 +221,7 @@ static int Stay_traverse(StayObject *self, visitproc visit, void *arg)
     Py_VISIT(self->host_side);
     Py_VISIT(self->pinned_side);
     Py_VISIT(self->plain_types);
-    Py_VISIT(self->modes_enabled);
+    Py_VISIT(self->watchers);
     Py_VISIT(self->dict);
     return 0;
 }
@@ -237,7 +240,7 @@ static int Stay_clear(StayObject *self)
     Py_CLEAR(self->host_side);
     Py_CLEAR(self->pinned_side);
     Py_CLEAR(self->plain_types);
-    Py_CLEAR(self->modes_enabled);
+    Py_CLEAR(self->watchers);
     Py_CLEAR(self->dict);
     return 0;
 }
@@ -262,7 +265,7 @@ PyTypeObject StayType = {
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
                 Py_TPFLAGS_METHOD_DESCRIPTOR,
     .tp_doc = "Stay(move, fallback, moved, sides, side, device, named, tensor_type, device_side, "
-              "host_side, pinned_side, plain_types, modes_enabled): a move that returns its tensor where a move placed it already",
+              "host_side, pinned_side, plain_types, watchers): a move that returns its tensor where a move placed it already",
     .tp_new = Stay_new,
     .tp_traverse = (traverseproc)Stay_traverse,
     .tp_clear = (inquiry)Stay_clear,

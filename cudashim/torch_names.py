@@ -146,6 +146,8 @@ NAMES: Dict[str, Name] = {name.path: name for name in (
        "the stashed contextvars stay in the exit's backward, whose device thread then frees them"),
     _n("torch._C._is_torch_function_mode_enabled", "residency", FALLBACK,
        "a move of a tensor to where it was placed asks torch's move first (+0.1 to +0.2 µs a call)"),
+    _n("torch._C._is_tracing", "residency", FALLBACK,
+       "as without _is_torch_function_mode_enabled: a move to where a tensor is asks torch's move"),
     _n("torch.utils.data.dataloader._BaseDataLoaderIter", "data", FALLBACK,
        "DataLoader(pin_memory=True) pins nothing where device memory is host memory: a batch is the "
        "memory the dataset or collate returned, not a pinned copy"),

@@ -8,6 +8,7 @@ same inputs, errors included; the whole suite runs a second time with ``--pure-p
 
 import inspect
 import sys
+import warnings
 
 import pytest
 import torch
@@ -63,6 +64,7 @@ CALLS = [
                                                              d.to(d) is d))(t.cuda())),
     ("unplaced tensor moved", lambda t: (t.cuda() is t, t.to("cuda") is t, t.cpu() is t)),
     ("placed tensor moved under a function mode", lambda t: moved_under_a_mode(t.cuda())),
+    ("placed tensor moved in a JIT trace", lambda t: traced_moves(t.cuda())),
     ("device cuda", lambda t: torch.device("cuda")),
     ("device cuda, 0", lambda t: torch.device("cuda", 0)),
     ("device 0", lambda t: torch.device(0)),
@@ -93,6 +95,16 @@ def moved_under_a_mode(device_tensor):
             before = mode.calls
             seen.append((move(device_tensor) is device_tensor, mode.calls > before))
     return seen
+
+
+def traced_moves(device_tensor):
+    """The ops a JIT trace of moves to where the tensor is records (torch's to(), as natively)."""
+    def moves(x):
+        return x.to("cuda") + x.cuda() + x.cpu().cpu()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")          # the trace's own warnings about devices
+        graph = torch.jit.trace(moves, (device_tensor,), check_trace=False).graph
+    return sorted(node.kind() for node in graph.nodes() if node.kind().startswith("aten::"))
 
 
 def outcome(call, tensor):
@@ -140,6 +152,7 @@ def test_compiled_and_pure_python_wrappers_agree_on_every_call():
     # torch copies to "cpu:0" itself: a host tensor's device has no index
     assert compiled["placed tensor moved under a function mode"] == (
         "value", repr([(True, True), (True, True), (False, True)]))
+    assert compiled["placed tensor moved in a JIT trace"][1].count("aten::to") >= 2
     assert compiled["host copy moved again"] == ("value", repr((True,) * 3 + (False, False, "meta")))
 
 

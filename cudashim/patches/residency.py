@@ -105,15 +105,18 @@ def compiled_stay(activation, residency):
     device_object, named = activation.backend.target_device(None), activation.translator.named
     moved = residency.moved
     plain = (torch.Tensor, torch.nn.Parameter)
-    # where torch cannot say whether a function mode is on, torch's move is always asked
-    modes_enabled = torch_names.get("torch._C._is_torch_function_mode_enabled", None)
+    # whether a torch function mode or a JIT trace sees torch's calls now; where torch cannot
+    # say, torch's move is always asked
+    watchers = tuple(torch_names.get(name, None) for name in (
+        "torch._C._is_torch_function_mode_enabled", "torch._C._is_tracing"))
+    watchers = None if None in watchers else watchers
 
     def stay(move, python, side, api):
         def decide(tensor, result, side):
             return moved(tensor, result, side, api)
         return compiled_twin(compiled.Stay(move, python, decide, residency.sides, side, device_object,
                                            named, torch._C.TensorBase, DEVICE, HOST, PINNED, plain,
-                                           modes_enabled), python)
+                                           watchers), python)
     return stay
 
 
