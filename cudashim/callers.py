@@ -26,6 +26,14 @@ HONEST_BY_DEFAULT: Dict[str, str] = {
     **{name: library.honest for name, library in LIBRARIES.items() if library.honest is not None},
 }
 
+# torch's own modules that are CUDA programs themselves in some release: they call ``torch.cuda``
+# for the devices the program's tensors are on, which are the target's. They hear what the
+# program hears, whatever the honest set says.
+TORCH_AS_A_PROGRAM: Dict[str, str] = {
+    "torch.distributed._composable.fsdp": "FSDP2 before torch 2.6 takes CUDA's streams and events "
+                                          "for the program's devices (torch.cuda.current_stream())",
+}
+
 # The hot-path caches map id(code object) -> (the code object, the answer). Keyed by
 # identity: code objects compare equal by content, so the same function in two modules (a
 # library's and the program's) would share an answer. Holding the code keeps its id from
@@ -66,7 +74,9 @@ class CallerPolicy:
         self._compiled = None
 
     def is_honest_module(self, name: str) -> bool:
-        return any(name == module or name.startswith(module + ".") for module in self.honest)
+        if _within(name, TORCH_AS_A_PROGRAM):
+            return False
+        return _within(name, self.honest)
 
     def compiled_cache(self, compiled):
         """``compiled.CallerCache`` deciding as ``hears_truth``: the compiled wrappers ask
@@ -74,6 +84,11 @@ class CallerPolicy:
         if self._compiled is None:
             self._compiled = compiled.CallerCache(self.is_honest_module, BY_CODE_LIMIT)
         return self._compiled
+
+
+def _within(name: str, modules: Iterable[str]) -> bool:
+    """Whether module ``name`` is one of ``modules`` or below one."""
+    return any(name == module or name.startswith(module + ".") for module in modules)
 
 
 def _asking(module_decides):

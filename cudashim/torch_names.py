@@ -153,6 +153,11 @@ NAMES: Dict[str, Name] = {name.path: name for name in (
        "memory the dataset or collate returned, not a pinned copy"),
     _n("torch.utils.data._utils.pin_memory.pin_memory", "data", FALLBACK,
        "as without _BaseDataLoaderIter: DataLoader batches are not pinned copies on the CPU backend"),
+    _n("torch.distributed.tensor._random.OffsetBasedRNGTracker", "distributed", FALLBACK,
+       "DTensor's random ops keep torch's own tracker, which refuses a generator without offsets "
+       "(the host's, the test accelerator's)"),
+    _n("torch.distributed._tensor.random.OffsetBasedRNGTracker", "distributed", FALLBACK,
+       "as without torch.distributed.tensor._random.OffsetBasedRNGTracker (torch before 2.5)"),
     _n("torch.cpu._is_amx_fp16_supported", "cpu_speed", FALLBACK,
        "the CPU's amx_fp16 flag in /proc/cpuinfo"),
     _n("torch.cpu._is_avx512_bf16_supported", "cpu_speed", FALLBACK,

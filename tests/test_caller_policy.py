@@ -66,6 +66,19 @@ def test_honest_for_adds_modules_and_takes_default_ones_out(libraries):
         cudashim.deactivate()
 
 
+def test_torch_modules_that_are_cuda_programs_hear_what_the_program_hears():
+    """FSDP2 before torch 2.6 takes torch.cuda's streams for the program's devices: told the
+    truth on a machine without CUDA, it initialized CUDA and died ("Found no NVIDIA driver")."""
+    from cudashim.callers import CallerPolicy
+
+    policy = CallerPolicy(honest_for=["torch.distributed._composable"])
+    assert not policy.is_honest_module("torch.distributed._composable.fsdp._fsdp_state")
+    assert not policy.is_honest_module("torch.distributed._composable.fsdp")
+    assert policy.is_honest_module("torch.distributed._composable.replicate")
+    assert policy.is_honest_module("torch.distributed.fsdp._fully_shard._fsdp_state")
+    assert not policy.is_honest_module("torch_fsdp_extras")
+
+
 def test_feature_gates_of_the_program_pass(shim):
     # The Hugging Face Trainer's TF32 gate (transformers' is_torch_tf32_available), as written.
     def is_torch_tf32_available():

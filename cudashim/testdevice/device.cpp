@@ -477,6 +477,7 @@ void init(int devices) {
   if (device_count == 0) {
     device_count = devices;
     at::RegisterPrivateUse1HooksInterface(new Hooks());
+    register_autograd_fallback();
   }
 }
 

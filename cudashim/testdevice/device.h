@@ -53,4 +53,7 @@ at::Generator engine_of(const at::Generator& generator);
 void move_to_new_memory(const c10::Storage& storage, const void* source, size_t bytes, size_t keep,
                         c10::DeviceIndex device);
 
+// torch's autograd fallback on the device's autograd key, where torch registered none (kernels.cpp).
+void register_autograd_fallback();
+
 }  // namespace testdevice

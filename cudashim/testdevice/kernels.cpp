@@ -4,6 +4,8 @@
 
 #include "device.h"
 
+#include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
+
 #include <optional>
 
 namespace testdevice {
@@ -266,6 +268,17 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 // stands in (module.cuda() failed there with NotImplementedError).
 TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
   m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
+}
+
+// torch before 2.8 gives every device's autograd key its autograd fallback but PrivateUse1's:
+// an op with no autograd kernel of its own (the functional collectives DTensor redistributes
+// with) found nothing there. A vendor's extension registers torch's fallback itself; so does
+// this device, where torch has not.
+void register_autograd_fallback() {
+  auto key = c10::DispatchKey::AutogradPrivateUse1;
+  if (c10::Dispatcher::singleton().hasBackendFallbackForDispatchKey(key)) return;
+  static torch::Library library(torch::Library::IMPL, "_", key, __FILE__, __LINE__);
+  library.fallback(torch::autograd::basicAutogradNotImplementedFallback());
 }
 
 // --- autocast: torch's CUDA lists, for the dtypes the device declares -------------------

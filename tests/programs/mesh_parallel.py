@@ -1,0 +1,234 @@
+"""Data and tensor parallelism on a 2-D device mesh, written for CUDA as the FSDP2 + TP
+tutorials and the training frameworks write it.
+
+torchrun --nproc-per-node N mesh_parallel.py OUT.json [--rng-only] [--bf16] [--offload]
+                                          [--save DIR --save-step K | --resume DIR --save-step K]
+
+The mesh is (data, tensor) parallel: tensor parallel over two ranks where there are two, data
+parallel over the rest. Rank 0 writes to OUT.json:
+- ``rng``: DTensor's random ops (seeded by torch.manual_seed, as the frameworks do): replicated
+  draws equal on every rank, shards that differ, generators in step afterwards;
+- ``losses``: a few training steps of a tiny transformer (TP plan, SequenceParallel norms,
+  fully_shard over the data-parallel dimension, optionally MixedPrecisionPolicy(bfloat16) and
+  CPUOffloadPolicy), and ``reference``: the same steps of the unsharded model on one device;
+- a sharded torch.distributed.checkpoint save at step K, or a resume from one made by a run
+  with another world size.
+``--rng-only`` stops after the random ops (torch before 2.6, whose FSDP2 does not compose with TP).
+"""
+
+import argparse
+import hashlib
+import json
+import os
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                               SequenceParallel, parallelize_module)
+
+try:
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+    import torch.distributed.tensor as dtensor
+except ImportError:                                          # torch before 2.6
+    from torch.distributed._composable.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+    from torch.distributed._tensor import DTensor, Replicate, Shard, distribute_tensor
+    import torch.distributed._tensor as dtensor
+
+VOCAB, DIM, HIDDEN, SEQ, BATCH, STEPS = 64, 32, 64, 8, 4, 6
+
+
+class FeedForward(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w1 = nn.Linear(DIM, HIDDEN, bias=False)
+        self.w2 = nn.Linear(HIDDEN, DIM, bias=False)
+        self.w3 = nn.Linear(DIM, HIDDEN, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(DIM)
+        self.feed_forward = FeedForward()
+
+    def forward(self, x):
+        return x + self.feed_forward(self.norm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embedding = nn.Embedding(VOCAB, DIM)
+        self.layers = nn.ModuleList(Block() for _ in range(2))
+        self.norm = nn.LayerNorm(DIM)
+        self.output = nn.Linear(DIM, VOCAB, bias=False)
+
+    def forward(self, tokens):
+        x = self.embedding(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        return self.output(self.norm(x))
+
+
+def tensor_parallel(model, tp_mesh):
+    parallelize_module(model, tp_mesh, {
+        "embedding": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+    })
+    for block in model.layers:
+        parallelize_module(block, tp_mesh, {
+            "norm": SequenceParallel(),
+            "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            "feed_forward.w1": ColwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+            "feed_forward.w3": ColwiseParallel(),
+        })
+
+
+def parallelized(model, mesh, args):
+    tensor_parallel(model, mesh["tp"])
+    policy = {}
+    if args.bf16:
+        policy["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if args.offload:
+        policy["offload_policy"] = CPUOffloadPolicy()
+    for block in model.layers:
+        fully_shard(block, mesh=mesh["dp"], **policy)
+    return fully_shard(model, mesh=mesh["dp"], **policy)
+
+
+def gathered(tensor):
+    """The local tensors of every rank, on this one."""
+    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, tensor.contiguous())
+    return parts
+
+
+def digest(tensor) -> str:
+    return hashlib.sha256(tensor.detach().float().cpu().numpy().tobytes()).hexdigest()[:16]
+
+
+def random_ops(mesh):
+    """DTensor's random ops on the mesh, as model initialization and dropout run them."""
+    torch.manual_seed(1234)
+    replicated = distribute_tensor(torch.empty(64, device="cuda"), mesh, [Replicate(), Replicate()])
+    replicated.normal_()
+    sharded = dtensor.rand(8, 8, device_mesh=mesh, placements=[Shard(0), Shard(1)])
+    rows = distribute_tensor(torch.ones(8, 16, device="cuda"), mesh, [Shard(0), Replicate()])
+    dropped = F.dropout(rows, p=0.5)
+    after = torch.rand(4, device="cuda")
+    local = replicated.to_local()
+    blocks = sharded.full_tensor().reshape(mesh.size(0), 8 // mesh.size(0), mesh.size(1), 8 // mesh.size(1))
+    blocks = [blocks[i, :, j] for i in range(mesh.size(0)) for j in range(mesh.size(1))]
+    masks = gathered(dropped.to_local())
+    coordinates = gathered(torch.tensor(mesh.get_coordinate(), device="cuda"))
+    same_rows = [(a, b) for a in range(len(masks)) for b in range(a + 1, len(masks))
+                 if coordinates[a][0] == coordinates[b][0]]
+    other_rows = [(a, b) for a in range(len(masks)) for b in range(a + 1, len(masks))
+                  if coordinates[a][0] != coordinates[b][0]]
+    return {
+        "device": str(local.device),
+        "replicated_equal": all(torch.equal(part, local) for part in gathered(local)),
+        "replicated": digest(local),
+        "normal_mean": float(local.mean()),
+        "shards_differ": all(not torch.equal(a, b) for i, a in enumerate(blocks) for b in blocks[i + 1:]),
+        "dropout_replicas_equal": all(torch.equal(masks[a], masks[b]) for a, b in same_rows),
+        "dropout_shards_differ": all(not torch.equal(masks[a], masks[b]) for a, b in other_rows),
+        "dropout_kept": float((dropped.full_tensor() != 0).float().mean()),
+        "in_step": all(torch.equal(part, after) for part in gathered(after)),
+    }
+
+
+def batches():
+    generator = torch.Generator().manual_seed(0)
+    return [torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=generator) for _ in range(STEPS)]
+
+
+def train(model, optimizer, data, first, losses, mesh=None, save=None):
+    dp_rank, dp_size = (0, 1) if mesh is None else (mesh["dp"].get_local_rank(), mesh["dp"].size())
+    for step in range(first, STEPS):
+        if save and step == save[1]:
+            model_state, optimizer_state = get_state_dict(model, optimizer)
+            dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=save[0])
+        tokens = data[step].cuda()
+        tokens = tokens.chunk(dp_size)[dp_rank]
+        logits = model(tokens[:, :-1])
+        if isinstance(logits, DTensor):
+            logits = logits.full_tensor()
+        loss = F.cross_entropy(logits.float().reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        reported = loss.detach().clone()
+        if mesh is not None:
+            dist.all_reduce(reported, group=mesh["dp"].get_group())
+            reported /= dp_size
+        losses.append(float(reported))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--rng-only", action="store_true")
+    parser.add_argument("--bf16", action="store_true")
+    parser.add_argument("--offload", action="store_true")
+    parser.add_argument("--save")
+    parser.add_argument("--resume")
+    parser.add_argument("--save-step", type=int, default=3)
+    args = parser.parse_args()
+
+    dist.init_process_group("nccl")
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    world = dist.get_world_size()
+    tp = 2 if world % 2 == 0 else 1
+    mesh = init_device_mesh("cuda", (world // tp, tp), mesh_dim_names=("dp", "tp"))
+    seen = {"world": world, "mesh": list(mesh.shape), "rng": random_ops(mesh)}
+    if not args.rng_only:
+        seen.update(trained(mesh, args))
+    dist.barrier()
+    if dist.get_rank() == 0:
+        with open(args.out, "w") as out:
+            json.dump(seen, out)
+    dist.destroy_process_group()
+
+
+def trained(mesh, args):
+    """Train the parallelized model and, from the same initial weights, the unsharded one."""
+    seen = {}
+    torch.manual_seed(0)
+    reference = Transformer().cuda()
+    model = Transformer().cuda()
+    model.load_state_dict(reference.state_dict())
+    model = parallelized(model, mesh, args)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    data = batches()
+    first, losses = 0, []
+    if args.resume:
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        state = {"model": model_state, "optimizer": optimizer_state}
+        dcp.load(state, checkpoint_id=args.resume)
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        first = args.save_step
+    train(model, optimizer, data, first, losses, mesh, (args.save, args.save_step) if args.save else None)
+    seen["losses"] = losses
+    seen["parameter"] = [type(next(model.parameters())).__name__,
+                         str(next(model.parameters()).to_local().device)]
+
+    reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+    seen["reference"] = []
+    train(reference, reference_optimizer, data, 0, seen["reference"])
+    return seen
+
+
+if __name__ == "__main__":
+    main()
