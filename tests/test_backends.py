@@ -442,3 +442,30 @@ def test_staged_collectives_keep_their_host_buffers_one_collective_at_a_time():
     assert staging.take(torch.ones(12)).data_ptr() in {t.data_ptr() for t in again}
     assert staging.take(torch.ones(12)).data_ptr() in {t.data_ptr() for t in again}
     assert staging.take(torch.ones(12)).data_ptr() not in {t.data_ptr() for t in again}
+
+
+def test_a_staged_receive_completes_after_its_copy_back_and_raises_what_failed():
+    """A receive into a device tensor is a work of its own: complete once the host copy is back
+    in the tensor (written without autograd: a pipeline's receive buffer requires grad), and
+    its failure raised by wait(), as gloo's own work raises it."""
+    from cudashim.backends.staged import StagingBuffers, _pending_receive_class
+
+    class Received:                                  # gloo's work, once the bytes are in
+        def __init__(self, error=None):
+            self.error = error
+
+        def wait(self):
+            if self.error:
+                raise self.error
+            return True
+
+    buffer = torch.zeros(3, requires_grad=True)
+    host = torch.full((3,), 7.0)
+    work = _pending_receive_class()(Received(), [(buffer, host)], StagingBuffers())
+    assert work.wait() is True and work.is_completed() and work.exception() is None
+    assert buffer.tolist() == [7.0, 7.0, 7.0] and buffer.requires_grad
+    failed = _pending_receive_class()(Received(RuntimeError("peer went away")), [(torch.zeros(3), host)],
+                                      StagingBuffers())
+    with pytest.raises(RuntimeError, match="peer went away"):
+        failed.wait()
+    assert isinstance(failed.exception(), RuntimeError)

@@ -157,6 +157,22 @@ def test_fsdp_and_a_device_mesh_on_two_ranks_with_one_device_each(tmp_path):
         assert json.loads((tmp_path / "state.json").read_text()) == {"names": True, "equal": True}
 
 
+def test_pipeline_schedules_train_as_the_unsplit_model(tmp_path):
+    """torch.distributed.pipelining's schedules (GPipe, 1F1B, interleaved 1F1B) on two ranks:
+    each rank sends before it receives, which a collective library that completes a send only
+    when the peer receives it turns into a wait forever; the receive buffers are leaves that
+    require grad from the second step on; torch 2.7's schedules wait on the last work of a batch
+    alone, which NCCL makes one work. Losses and weights as the unsplit model's."""
+    for target in [None, *(target for target in TARGETS if target.why_not is None)]:
+        out = tmp_path / f"{target.name if target else 'cpu'}.json"
+        result = torchrun("tests/programs/pipeline_schedules.py", str(out),
+                          shim_options=target.options if target else (), timeout=300)
+        assert result.returncode == 0, f"{target.name if target else 'cpu'}: {result.stderr[-4000:]}"
+        for schedule, seen in json.loads(out.read_text()).items():
+            assert seen["losses"] == pytest.approx(seen["reference"], rel=1e-5), (target, schedule)
+            assert seen["weights_equal"], (target, schedule)
+
+
 def _mesh_run(tmp_path, name, *args, nproc, target: Optional[Target]):
     out = tmp_path / f"{name}.json"
     result = torchrun("tests/programs/mesh_parallel.py", str(out), *args, nproc=nproc,

@@ -7,9 +7,13 @@ the copies, and copies what gloo wrote back into the device tensors; tensors alr
 memory go to gloo untouched. Torch builds a whole process group from a Python one, so this
 group serves every device, the host included.
 
-Work on device tensors finishes before the call returns (the copies back need gloo's result);
-the handle given back is complete, and its future holds the device tensors, as gloo's holds
-its own. Host tensors keep gloo's asynchronous work.
+A collective on device tensors finishes before the call returns (the copies back need gloo's
+result); the handle given back is complete, and its future holds the device tensors, as
+gloo's holds its own. Host tensors keep gloo's asynchronous work. A send or a receive of a
+device tensor stays asynchronous, as NCCL's are: two ranks that each send before they receive
+(a pipeline schedule's ``batch_isend_irecv``) would otherwise wait for each other forever. A
+send hands gloo its host copy and returns gloo's work; a receive returns a work that a thread
+of the group completes once gloo's has, with the copy back into the device tensor.
 
 The host copies are made in staging buffers the group keeps from one collective to the next,
 as NCCL keeps its own: fresh host memory would be written page by page for the first time
@@ -90,13 +94,22 @@ def _group_class(library: str = NAME):
                            for index, value in enumerate(args))
             if not copies:
                 return getattr(self._host, method)(*staged, **options)   # gloo's own work
+            if name == "send":           # gloo's work holds the host copy until it is sent
+                return self._host.send(*staged, **options)
+            if name == "recv":
+                return self._received(self._host.recv(*staged, **options), copies)
             getattr(self._host, method)(*staged, **options).wait()      # opts=, as torch passes it
-            for device, host in copies:
-                if written is not None and _contains(args[written], device):
-                    device.copy_(host)
+            with torch.no_grad():            # a written tensor may be a leaf that requires grad
+                for device, host in copies:
+                    if written is not None and _contains(args[written], device):
+                        device.copy_(host)
             # (not after a failure: gloo may still be writing into them)
             self._staging.give_back(host for _, host in copies)
             return _done(args[written] if written is not None else [])
+
+        def _received(self, work, copies):
+            """A work complete once gloo's receive is and its tensor is copied to the device."""
+            return _pending_receive_class()(work, copies, self._staging)
 
         def _pairwise(self, name, outputs, inputs, opts):
             for output, given in zip(outputs, inputs):
@@ -114,6 +127,66 @@ def _group_class(library: str = NAME):
     for name in _PAIRWISE:
         setattr(HostStagedGroup, name, _forwarding(name, "_pairwise"))
     return HostStagedGroup
+
+
+@functools.lru_cache(maxsize=None)
+def _pending_receive_class():
+    """Made on first use: torch builds without ``torch.distributed`` have no ``Work``."""
+
+    class PendingReceive(torch.distributed.Work):
+        """A receive into device tensors: gloo receives into host copies, and a thread of its
+        own copies them to the device once gloo's work is complete. ``wait()`` raises what
+        failed, as gloo's own work does."""
+
+        def __init__(self, work, copies, staging):
+            super().__init__()
+            self._future = torch.futures.Future()
+            self._copies = copies
+            threading.Thread(target=self._complete, args=(work, staging),
+                             name="cudashim-staged-recv", daemon=True).start()
+
+        def _complete(self, work, staging):
+            try:
+                work.wait()
+                with torch.no_grad():       # the buffer may be a leaf that requires grad
+                    for device, host in self._copies:
+                        device.copy_(host)
+            except Exception as error:
+                self._future.set_exception(error)
+                return
+            staging.give_back(host for _, host in self._copies)
+            self._future.set_result([device for device, _ in self._copies])
+
+        def wait(self, timeout=None):
+            self._future.wait()             # raises the receive's failure
+            return True
+
+        def is_completed(self):
+            return self._future.done()
+
+        def is_success(self):
+            return self.is_completed() and not self._failed()
+
+        def exception(self):
+            try:
+                self._future.value()
+            except Exception as error:
+                return error
+            return None
+
+        def _failed(self):
+            return self.exception() is not None
+
+        def get_future(self):
+            return self._future
+
+        def result(self):
+            return self._future.value()
+
+        def synchronize(self):
+            self.wait()
+
+    return PendingReceive
 
 
 def _forwarding(name, how):

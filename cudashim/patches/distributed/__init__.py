@@ -16,7 +16,7 @@ from ...patching import by_caller
 from ...patching.by_caller import ByCaller
 from ...patching.rewriter import BOUND_DEVICE, BOUND_DEVICES, BOUND_INDICES, DEVICE, DEVICE_TYPE, \
     EAGER_DEVICE, Argument, Rewrite, rewrite, rewritten
-from . import ddp_pinned, elastic_rounds, mesh_rng, nccl_order, nccl_reductions, nccl_shapes, sync_batch_norm
+from . import ddp_pinned, elastic_rounds, mesh_rng, nccl_batches, nccl_order, nccl_reductions, nccl_shapes, sync_batch_norm
 from .group_exit import NcclGroupExit
 
 REWRITES = (
@@ -232,7 +232,7 @@ def _register_library(activation, dist, name, create, devices) -> None:
 def _nccl_semantics(c10d, nccl_groups) -> list:
     """(name, make) for each collective that needs NCCL's tensor shapes, its integer
     averages or its issue order kept on the library NCCL became: one wrapper per name, the
-    shapes outermost."""
+    shapes outermost; and for ``batch_isend_irecv``, NCCL's one work per batch."""
     def made_for_nccl(group) -> bool:
         return nccl_groups.knows(c10d._get_default_group() if group is None else group)
 
@@ -251,7 +251,9 @@ def _nccl_semantics(c10d, nccl_groups) -> list:
         unchanged = lambda original: original  # noqa: E731
         shaped, averaging = nccl_shapes.WRAPPERS.get(name, unchanged), averaged.get(name, unchanged)
         return lambda original: shaped(averaging(ordered(original)))
-    return [(name, make(name)) for name in names]
+    batches = [("batch_isend_irecv", nccl_batches.coalescing(made_for_nccl))] \
+        if hasattr(c10d, "batch_isend_irecv") else []
+    return [(name, make(name)) for name in names] + batches
 
 
 FSDP_MODULE = "torch.distributed.fsdp.fully_sharded_data_parallel"
