@@ -36,6 +36,7 @@ BENCHMARKS = {
     "data_parallel": (["data_parallel.py", "--steps", "30", "--rounds", "4"], ["--steps", "10", "--rounds", "2"]),
     "copies": (["copies.py"], ["--quick"]),
     "collectives": (["collectives.py"], ["--quick"]),
+    "triton_kernels": (["triton_kernels.py"], ["--quick"]),
     "scan": (["scan.py"], ["--files", "200", "--repeats", "1"]),
     "scan_agreement": (["scan_agreement.py"], []),
 }
@@ -51,7 +52,11 @@ def run(name, quick, sources):
         command += quick_arguments
     print(f"== {name}: {' '.join(command[1:])}", flush=True)
     started = time.perf_counter()
+    before = os.path.getmtime(out) if os.path.exists(out) else None
     subprocess.run(command, cwd=ROOT, check=True)
+    if os.path.exists(out) and os.path.getmtime(out) == before:
+        print(f"== {name}: not measured here; its last results stay", flush=True)
+        return
     with open(out) as f:
         result = json.load(f)
     result["regenerated"] = {**host.describe(), "quick": quick, "seconds": round(time.perf_counter() - started),
@@ -224,6 +229,20 @@ def render_copies(result):
     return "Copies between host and device", lines
 
 
+def render_triton_kernels(result):
+    lines = ["`python benchmarks/triton_kernels.py`: Triton kernels written for CUDA, run by cudashim "
+             "through Triton's interpreter on the CPU backend (no Triton backend for the target), against "
+             "the torch op computing the same, taking turns; medians. The interpreter runs each program "
+             "of the grid in Python over numpy: it is a way for a library's kernels to run at all, not a "
+             "fast path; `cudashim scan` and the report name the kernels that take it. "
+             f"triton {result['triton']}, torch {result['torch']}.", "",
+             "| kernel | interpreted | torch's op | ratio |", "| --- | --- | --- | --- |"]
+    for row in result["rows"]:
+        lines.append(f"| {row['what']} | {ms(row['interpreted_ms'])} | {ms(row['torch_ms'])} | "
+                     f"{row['ratio']:.0f}x |")
+    return "Triton kernels through the interpreter", lines
+
+
 def render_scan(result):
     lines = ["`python benchmarks/scan.py`: `cudashim scan --json` over generated CUDA programs, best "
              "of the repeats.", "", "| | seconds | files/s |", "| --- | --- | --- |",
@@ -264,7 +283,7 @@ def render_collectives(result):
 
 RENDERERS = {"kernels": render_kernels, "overhead": render_overhead, "precision": render_precision,
              "graphs": render_graphs, "data_parallel": render_data_parallel, "copies": render_copies,
-             "collectives": render_collectives, "scan": render_scan,
+             "collectives": render_collectives, "triton_kernels": render_triton_kernels, "scan": render_scan,
              "scan_agreement": render_scan_agreement}
 
 

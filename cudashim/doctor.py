@@ -189,6 +189,8 @@ def doctor(settings) -> int:
             out("CUDA-only libraries (--substitute):\n" + "".join(f"  {line}\n" for line in stand_ins))
             out("frameworks with a device layer of their own:\n" + "".join(
                 f"  {line}\n" for line in framework_lines(backend)))
+            from .patches import triton as triton_kernels
+            out(f"Triton kernels: {triton_kernels.describe(backend)}\n")
             out(f"hot wrappers: {speedups.describe(settings)}; host kernels: {host_kernels_line()}\n")
             out(f"{speedups.fast_path(settings)}\n")
             out("patch groups:\n")

@@ -33,6 +33,7 @@ class Report:
         self.entries: Dict[str, dict] = {}
         self.askers: Dict[str, Dict[str, str]] = {}      # question -> {module: what it heard}
         self.stand_ins: Dict[str, str] = {}              # library -> why its stand-in was served
+        self.kernels: Dict[str, dict] = {}               # Triton kernel -> its interpreted launches
         self._lock = threading.Lock()
         self._skip = _SKIP_DIRS + tuple(d for d in (_torch_dir(),) if d)
 
@@ -58,6 +59,17 @@ class Report:
         """Record that ``library``'s import was served by cudashim's stand-in."""
         self.stand_ins[library] = why
 
+    def interpreted(self, kernel: str, target: str, seconds: float) -> None:
+        """Record one launch of the Triton kernel ``kernel``, run through Triton's interpreter on
+        ``target`` in ``seconds``."""
+        entry = self.kernels.get(kernel)
+        if entry is None:
+            with self._lock:
+                entry = self.kernels.setdefault(kernel, {"launches": 0, "seconds": 0.0, "on": target})
+        with self._lock:
+            entry["launches"] += 1
+            entry["seconds"] += seconds
+
     def _call_site(self) -> str:
         """file:line of the first frame outside cudashim, torch and runpy (the user's code)."""
         frame = sys._getframe(2)
@@ -81,12 +93,13 @@ class Report:
         return {"backend": self.backend_name, "rank": job_layout.rank(), "pid": os.getpid(),
                 "apis": {k: dict(v) for k, v in sorted(self.entries.items())},
                 "asked": {k: dict(sorted(v.items())) for k, v in sorted(self.askers.items())},
-                "substituted": dict(sorted(self.stand_ins.items()))}
+                "substituted": dict(sorted(self.stand_ins.items())),
+                "interpreted": {k: dict(v) for k, v in sorted(self.kernels.items())}}
 
     def render(self) -> str:
         rank = job_layout.rank()
         title = f"cudashim report ({self.backend_name} backend" + (f", rank {rank})" if rank else ")")
-        if not self.entries and not self.stand_ins:
+        if not self.entries and not self.stand_ins and not self.kernels:
             return f"{title}: the program used no CUDA API\n"
         rows = [("CUDA API", "calls", "became", "first call")]
         for api, e in sorted(self.entries.items(), key=lambda kv: (-kv[1]["calls"], kv[0])):
@@ -98,6 +111,10 @@ class Report:
         if self.stand_ins:
             lines.append("CUDA-only libraries served by cudashim's stand-in:")
             lines.extend(f"  {library}: {why}" for library, why in sorted(self.stand_ins.items()))
+        if self.kernels:
+            lines.append("Triton kernels run by Triton's interpreter (no Triton backend for the target):")
+            for kernel, k in sorted(self.kernels.items(), key=lambda kv: -kv[1]["seconds"]):
+                lines.append(f"  {kernel}: {k['launches']} launches on {k['on']}, {k['seconds']:.3f} s")
         if self.askers:
             lines.append("who asked, and what they heard:")
             for question, answers in sorted(self.askers.items()):

@@ -5,10 +5,11 @@ Python sources are parsed with ``ast``, never imported. Every CUDA usage is one 
 - **handled**: the runtime redirects it (what it becomes on the target is named);
 - **needs a change**: no runtime shim can catch it (a string compare with the real device),
   with the fix;
-- **cannot run here**: native CUDA code (a CUDA C++ extension, triton or CuPy kernels, a CUDA
+- **cannot run here**: native CUDA code (a CUDA C++ extension, CuPy or numba kernels, a CUDA
   library loaded by hand), with the way out;
 - **runs differently**: it runs, on another path than on CUDA (a ``device.type == "cuda"``
-  branch the target does not take), and the finding says which.
+  branch the target does not take, a triton kernel through Triton's interpreter), and the
+  finding says which.
 
 The scan follows the program: the files named, the Python files in folders named, and the
 local modules they import. ``ScanResult.exit_status`` is 0 when nothing blocks the program,

@@ -76,6 +76,10 @@ _RULES = (
          "A private torch entry point that libraries call with a device. Those in cudashim's "
          "table are redirected; other private torch.cuda names reach no CUDA on the target.",
          "cudashim/tables/device_parameters.py (PRIVATE_ENTRY_POINTS)"),
+    Rule("CS115", "device-mesh",
+         "A call of torch's device-mesh stack on a CUDA mesh (DeviceMesh, DTensor and its random "
+         "state, FSDP2, tensor parallelism, distributed checkpoints, pipeline schedules): it runs on "
+         "the target's mesh.", "cudashim/tables/meshes.py, cudashim/patches/distributed"),
     Rule("CS201", "device-name-compare",
          "A string compare against the real device's name (x.device.type == 'cuda'). No shim "
          "can change what a string compare sees: on the target the device is the real one. "
@@ -101,7 +105,8 @@ _RULES = (
          "cudashim/tables/libraries.py"),
     Rule("CS302", "cuda-kernel",
          "A kernel written for NVIDIA GPUs (triton, numba.cuda): it runs where the target "
-         "compiles that language.", "Backend.kernel_languages"),
+         "compiles that language; a triton kernel elsewhere runs through Triton's interpreter.",
+         "Backend.kernel_languages, cudashim/patches/triton"),
     Rule("CS303", "cuda-extension",
          "A CUDA C++ extension build (CUDAExtension, load with .cu sources): refused with "
          "UnsupportedCudaAPI at run time.", "cudashim/patches/extensions.py"),

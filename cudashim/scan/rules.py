@@ -23,7 +23,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 from .. import substitutes
 from ..backends.base import Backend
 from ..patches import _nccl_environment as nccl_environment, extensions, frameworks, version_gates
-from ..tables import device_parameters, dtype_gaps
+from ..tables import device_parameters, dtype_gaps, meshes
 from . import catalog, libraries
 from .findings import CANNOT_RUN, DIFFERS, HANDLED, NEEDS_CHANGE, Finding
 from .target import Target
@@ -316,10 +316,18 @@ class FileScanner(ast.NodeVisitor):
             qualified = self.qualify(target) or ""
             for prefix, language in libraries.KERNEL_DECORATORS.items():
                 if qualified.startswith(prefix):
-                    self._add(decorator, self._native_or(language, (
-                        CANNOT_RUN, f"a {language} kernel ('{node.name}') compiled for NVIDIA GPUs",
-                        libraries.KERNEL_WAY_OUT)), "cuda-kernel")
+                    self._add(decorator, self._native_or(language, self._kernel_elsewhere(language, node.name)),
+                              "cuda-kernel")
                     return
+
+    def _kernel_elsewhere(self, language: str, name: str):
+        """What a kernel gets on a target that does not compile its language: a Triton kernel
+        runs through Triton's interpreter (patches/triton), any other cannot run."""
+        if language == "triton" and self.target.redirects:
+            return (DIFFERS, f"a triton kernel ('{name}'): runs through Triton's interpreter on the "
+                             f"{self.target.device_type} device, one program at a time (slow; the "
+                             f"report times it)", libraries.KERNEL_WAY_OUT)
+        return (CANNOT_RUN, f"a {language} kernel ('{name}') compiled for NVIDIA GPUs", libraries.KERNEL_WAY_OUT)
 
     # --- names the runtime redirects -----------------------------------------------------
     def visit_Attribute(self, node):
@@ -446,6 +454,8 @@ class FileScanner(ast.NodeVisitor):
             self._extension(node, builder)
         elif qualified.startswith("ctypes") and self._loaded_library(node):
             return                                          # its argument is this finding
+        elif qualified in meshes.CALLS:
+            self._add(node, self.target.mesh_call(qualified), "device-mesh")
         elif qualified in frameworks.ENTRY_POINTS:
             framework = frameworks.ENTRY_POINTS[qualified]
             keyword = frameworks.DEVICE_KEYWORDS.get(framework)

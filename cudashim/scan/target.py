@@ -134,6 +134,13 @@ class Target:
             return HANDLED, "native CUDA", None
         return HANDLED, f"the process-group backend '{spec}' becomes '{self.collective}'", None
 
+    def mesh_call(self, name: str) -> Verdict:
+        """What a call of the device-mesh stack (``tables/meshes.py``) gets."""
+        if not self.redirects:
+            return HANDLED, "native CUDA", None
+        from ..tables import meshes
+        return HANDLED, meshes.CALLS[name].format(device=self.device_type, collective=self.collective), None
+
     def visible_devices(self) -> Verdict:
         if not self.redirects:
             return HANDLED, "native CUDA", None

@@ -7,7 +7,7 @@ import triton.language as tl
 from torch.utils.cpp_extension import load, load_inline
 
 
-@triton.jit  # scan: cannot run here
+@triton.jit  # scan: runs differently
 def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     offsets = pid * BLOCK + tl.arange(0, BLOCK)
