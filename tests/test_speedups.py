@@ -224,6 +224,23 @@ def test_torch_compile_traces_through_the_wrappers(pure_python):
     assert torch.equal(torch.compile(step)(x), step(x))
 
 
+@pytest.mark.torch_range
+@pytest.mark.parametrize("pure_python", [False, True])
+def test_torch_compile_traces_the_float16_policys_gate_under_autocast(pure_python):
+    """Where float16 is slow the policy gates F.linear; torch 2.7's dynamo guards the twin it
+    traces through the wrapper's own name (F.linear.__closure__), which the wrapper answers."""
+    cudashim.activate("cpu", pure_python=pure_python, host_profile="slow")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 8).cuda()
+
+    def step(x):
+        with torch.autocast("cuda", dtype=torch.float16):
+            return model(x).float().sum()
+
+    x = torch.randn(4, 8, device="cuda")
+    assert torch.compile(step)(x).item() == pytest.approx(step(x).item(), rel=1e-2)
+
+
 # --- kernels -------------------------------------------------------------------------------
 
 def _variant_names():

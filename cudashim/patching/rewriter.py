@@ -221,6 +221,9 @@ def compiled_twin(compiled, python):
     functools.update_wrapper(compiled, python, updated=())
     compiled.__wrapped__ = python.__wrapped__ if hasattr(python, "__wrapped__") else python
     compiled.python_twin = python
+    # torch 2.7's dynamo guards a traced twin's closure through the name it found the wrapper
+    # by (F.linear.__closure__[0]): the wrapper answers with its twin's cells.
+    compiled.__closure__ = getattr(python, "__closure__", None)
     return compiled
 
 
