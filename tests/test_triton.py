@@ -65,6 +65,9 @@ def test_the_tutorials_kernels_run_through_the_interpreter_on_every_target(tmp_p
         # float16 results: one float16 rounding of values up to about 10 (and their squares)
         half = torch.finfo(torch.float16).eps
         assert errors["matmul"] <= 16 * half and errors["matmul_squared_relu"] <= 512 * half, (name, errors)
+        # running sums of about 40 values of about 1: float32 rounding, and one bfloat16 rounding
+        assert errors["chunked_scan"] <= 1e-4, (name, errors)
+        assert errors["chunked_scan_bfloat16"] <= 16 * torch.finfo(torch.bfloat16).eps, (name, errors)
         expected_device = target.device(0) if target else "cpu"
         assert set(seen["devices"].values()) == {expected_device}, seen["devices"]
         assert seen["cuda_target"] == "cuda"
@@ -72,7 +75,7 @@ def test_the_tutorials_kernels_run_through_the_interpreter_on_every_target(tmp_p
         assert seen["tuned"] == {"TILE_M": 64, "TILE_N": 128, "TILE_K": 32, "SUPER": 4}
         interpreted = _interpreted(report)
         kernels = {"axpy_kernel", "row_softmax_kernel", "norm_forward_kernel", "norm_backward_kernel",
-                   "column_sum_kernel", "matmul_kernel", "libdevice_kernel"}
+                   "column_sum_kernel", "matmul_kernel", "chunked_cumsum_kernel", "libdevice_kernel"}
         assert {kernel.rpartition(".")[2] for kernel in interpreted} >= kernels, interpreted
         assert interpreted["__main__.column_sum_kernel"]["launches"] == 2
         assert interpreted["__main__.matmul_kernel"]["on"] == (target.name if target else "cpu")

@@ -8,6 +8,8 @@ python triton_tutorials.py OUT.json
 - layer norm forward and backward, the weight gradients summed in a few partial buffers that a
   spin lock of atomics guards, then reduced by a second kernel;
 - an autotuned float16 matmul in grouped program order with an activation helper kernel;
+- a chunked running sum as flash-linear-attention writes its kernels: block pointers, a
+  heuristic, a loop counter converted with ``.to()``, in float32 and bfloat16;
 - libdevice math (``asin``, ``tanh``);
 - a kernel registered as a torch operator with ``torch.library.triton_op`` (torch 2.6 and later).
 
@@ -220,6 +222,34 @@ def matmul(a, b, activation=""):
     return c
 
 
+# --- a chunked scan, as flash-linear-attention writes its kernels ------------------------------
+@triton.heuristics({"HAS_OFFSET": lambda args: args["offset"] is not None})
+@triton.jit
+def chunked_cumsum_kernel(x_ptr, out_ptr, offset, length, width, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+                          HAS_OFFSET: tl.constexpr):
+    row = tl.program_id(0)
+    carry = tl.zeros([BLOCK], dtype=tl.float32)
+    if HAS_OFFSET:
+        carry += tl.load(offset + tl.arange(0, BLOCK), mask=tl.arange(0, BLOCK) < width, other=0.0)
+    for chunk in range(tl.cdiv(length, CHUNK)):
+        start = chunk.to(tl.int32) * CHUNK          # the loop counter is a Triton scalar when compiled
+        source = tl.make_block_ptr(x_ptr + row * length * width, (length, width), (width, 1), (start, 0),
+                                   (CHUNK, BLOCK), (1, 0))
+        target = tl.make_block_ptr(out_ptr + row * length * width, (length, width), (width, 1), (start, 0),
+                                   (CHUNK, BLOCK), (1, 0))
+        values = tl.load(source, boundary_check=(0, 1)).to(tl.float32)
+        summed = tl.cumsum(values, axis=0) + carry[None, :]
+        tl.store(target, summed.to(target.dtype.element_ty), boundary_check=(0, 1))
+        carry = tl.sum(values, axis=0) + carry
+
+
+def chunked_cumsum(x, offset=None):
+    rows, length, width = x.shape
+    out = torch.empty_like(x)
+    chunked_cumsum_kernel[(rows, )](x, out, offset, length, width, CHUNK=16, BLOCK=triton.next_power_of_2(width))
+    return out
+
+
 # --- libdevice ---------------------------------------------------------------------------
 @triton.jit
 def libdevice_kernel(x_ptr, asin_ptr, tanh_ptr, size, BLOCK: tl.constexpr):
@@ -284,6 +314,13 @@ def main(out_path):
     result = matmul(a, b)
     errors["matmul"], devices["matmul"] = largest_error(result, product.half()), str(result.device)
     errors["matmul_squared_relu"] = largest_error(matmul(a, b, "squared_relu"), product.relu().square().half())
+
+    x = torch.randn(3, 37, 24, device=DEVICE)
+    offset = torch.randn(24, device=DEVICE)
+    errors["chunked_scan"] = max(largest_error(chunked_cumsum(x), x.cumsum(1)),
+                                 largest_error(chunked_cumsum(x, offset), x.cumsum(1) + offset))
+    bf16 = x.bfloat16()
+    errors["chunked_scan_bfloat16"] = largest_error(chunked_cumsum(bf16), bf16.float().cumsum(1).bfloat16())
 
     x = torch.rand(500, device=DEVICE) * 1.8 - 0.9
     asin, tanh = torch.empty_like(x), torch.empty_like(x)

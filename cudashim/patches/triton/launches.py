@@ -241,4 +241,13 @@ def install(activation) -> None:
     activation.replace(Autotuner, "run", _tuning_one_config)
     activation.replace(interpreter, "_implicit_cvt", gaps.float_scalars(interpreter.TensorHandle))
     activation.replace(interpreter, "_patch_lang_tensor", gaps.indexable_scalars)
+    transformer = getattr(interpreter, "ASTTransformer", None)     # Triton 3.3 and later
+    if transformer is not None and "visit_For" not in vars(transformer):
+        activation.registry.add_attr(transformer, "visit_For", gaps.visit_for)
+        # Kernels rewritten meanwhile are cached by the interpreter: forget them on the way out.
+        rewritten = getattr(interpreter.InterpretedFunction, "rewritten_fn", None)
+        if isinstance(rewritten, dict):
+            before = set(rewritten)
+            activation.registry.add_undo("Triton kernels rewritten under cudashim", lambda: [
+                rewritten.pop(fn) for fn in set(rewritten) - before])
     bfloat16.install(activation, interpreter)
