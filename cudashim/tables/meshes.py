@@ -15,8 +15,16 @@ _FSDP2 = ("FSDP2 shards over the {device} mesh, its streams the target's; MixedP
           "and CPUOffloadPolicy as on CUDA")
 _CHECKPOINT = "a sharded checkpoint of the {device} DTensors, which another world size loads"
 _SCHEDULE = "a pipeline schedule: the stages' sends and receives run over '{collective}'"
+# Context parallelism's ring attention is written for CUDA's attention kernels (flash, memory-
+# efficient, cuDNN); the CPU's SDPA takes its own flash kernel, which it has no ring for
+# ("Operator aten._scaled_dot_product_flash_attention_for_cpu.default does not have a sharding
+# strategy registered"): not served yet.
+_CONTEXT_PARALLEL = ("context parallelism: its ring attention takes CUDA's attention kernels, "
+                     "which the {device} device's scaled_dot_product_attention does not run; "
+                     "cudashim does not serve it yet")
+_CONTEXT_PARALLEL_FIX = "shard the batch instead (FSDP, DDP) on this target, or keep the sequence whole"
 
-# qualified name -> what it gets
+# qualified name -> what it gets, where it runs
 CALLS = {
     "torch.distributed.device_mesh.init_device_mesh": _MESH,
     "torch.distributed.device_mesh.DeviceMesh": _MESH,
@@ -36,4 +44,9 @@ CALLS = {
     "torch.distributed.pipelining.ScheduleGPipe": _SCHEDULE,
     "torch.distributed.pipelining.Schedule1F1B": _SCHEDULE,
     "torch.distributed.pipelining.ScheduleInterleaved1F1B": _SCHEDULE,
+}
+
+# qualified name -> (what it gets, the change it needs), where it does not run
+NOT_SERVED = {
+    "torch.distributed.tensor.experimental.context_parallel": (_CONTEXT_PARALLEL, _CONTEXT_PARALLEL_FIX),
 }

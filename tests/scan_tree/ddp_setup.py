@@ -32,3 +32,12 @@ def cleanup():
 
 def pooled():
     return torch.cuda.MemPool()  # scan: needs a change
+
+
+def sequence_parallel(model, tokens):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import context_parallel
+
+    mesh = init_device_mesh("cuda", (dist.get_world_size(),))  # scan: handled
+    with context_parallel(mesh, buffers=[tokens], buffer_seq_dims=[1]):  # scan: needs a change
+        return model(tokens)
