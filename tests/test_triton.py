@@ -229,3 +229,20 @@ def test_the_doctor_says_where_a_triton_kernel_goes():
     expected = f"{version}: refused: {refused}" if refused else \
         f"{version}: no Triton backend for the cpu device: each launch runs through Triton's interpreter"
     assert line.startswith(f"Triton kernels: {expected}"), line
+
+
+def test_torch_compile_runs_a_kernel_launch_between_its_graphs(shim):
+    """Dynamo knows Triton kernels only where a GPU is: here a launch in compiled code runs as
+    it is, interpreted, between the graphs around it."""
+    import torch
+
+    if _interpreter_refusal():
+        pytest.skip("this triton's interpreter cannot store here (the tutorials test checks the refusal)")
+
+    def doubled_plus_one(x):
+        out = torch.empty_like(x)
+        _double_kernel[(triton.cdiv(x.numel(), 32), )](x, out, x.numel(), BLOCK=32)
+        return out + 1
+
+    x = torch.randn(100, device="cuda")
+    assert torch.equal(torch.compile(doubled_plus_one, backend="eager")(x), 2 * x + 1)

@@ -165,6 +165,11 @@ def launch_grid(kernel, grid, args, kwargs):
 # --- what the patches put in Triton's place ----------------------------------------------
 def _running(launches):
     def run(original):
+        import torch
+
+        # torch.compile of code that launches a kernel: dynamo runs the launch as it is, between
+        # graphs, as it runs any call it cannot trace (it knows Triton kernels only on a GPU).
+        @torch.compiler.disable
         @functools.wraps(original)
         def interpreted_run(self, *args, grid, warmup, **kwargs):
             if warmup:
