@@ -62,12 +62,13 @@ def test_the_tutorials_kernels_run_through_the_interpreter_on_every_target(tmp_p
         assert all(errors[kernel] <= 1e-6 for kernel in exact), (name, errors)
         assert errors["softmax"] <= 1e-6 and errors["libdevice"] <= 1e-6, (name, errors)
         assert errors["layer_norm_forward"] <= 1e-5 and errors["layer_norm_backward"] <= 1e-5, (name, errors)
-        # float16 results: one float16 rounding of values up to about 10 (and their squares)
-        half = torch.finfo(torch.float16).eps
-        assert errors["matmul"] <= 16 * half and errors["matmul_squared_relu"] <= 512 * half, (name, errors)
-        # running sums of about 40 values of about 1: float32 rounding, and one bfloat16 rounding
-        assert errors["chunked_scan"] <= 1e-4, (name, errors)
-        assert errors["chunked_scan_bfloat16"] <= 16 * torch.finfo(torch.bfloat16).eps, (name, errors)
+        # Results rounded to 16 bits once, from float32 sums whose order differs from torch's:
+        # one rounding step apart at most, at the largest result's magnitude.
+        scales = seen["scales"]
+        for kernel, dtype in (("matmul", torch.float16), ("matmul_squared_relu", torch.float16),
+                              ("chunked_scan_bfloat16", torch.bfloat16)):
+            assert errors[kernel] <= 2 * torch.finfo(dtype).eps * scales[kernel], (name, kernel, errors, scales)
+        assert errors["chunked_scan"] <= 1e-4, (name, errors)     # running sums of about 40 values
         expected_device = target.device(0) if target else "cpu"
         assert set(seen["devices"].values()) == {expected_device}, seen["devices"]
         assert seen["cuda_target"] == "cuda"

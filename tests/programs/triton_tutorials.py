@@ -13,8 +13,9 @@ python triton_tutorials.py OUT.json
 - libdevice math (``asin``, ``tanh``);
 - a kernel registered as a torch operator with ``torch.library.triton_op`` (torch 2.6 and later).
 
-Each result is compared with torch's own op; OUT.json gets {kernel: largest absolute error},
-the device each result came back on, and the config the autotuner ran.
+Each result is compared with torch's own op; OUT.json gets {kernel: largest absolute error}, the
+largest magnitude of the results rounded to 16 bits, the device each result came back on, and the
+config the autotuner ran.
 """
 
 import json
@@ -283,7 +284,7 @@ def largest_error(result, expected):
 
 def main(out_path):
     torch.manual_seed(0)
-    errors, devices = {}, {}
+    errors, devices, scales = {}, {}, {}
 
     x, y = torch.rand(1000, device=DEVICE), torch.rand(1000, device=DEVICE)
     result = axpy(0.5, x, y)
@@ -314,6 +315,8 @@ def main(out_path):
     result = matmul(a, b)
     errors["matmul"], devices["matmul"] = largest_error(result, product.half()), str(result.device)
     errors["matmul_squared_relu"] = largest_error(matmul(a, b, "squared_relu"), product.relu().square().half())
+    scales["matmul"] = product.abs().max().item()
+    scales["matmul_squared_relu"] = product.relu().square().max().item()
 
     x = torch.randn(3, 37, 24, device=DEVICE)
     offset = torch.randn(24, device=DEVICE)
@@ -321,6 +324,7 @@ def main(out_path):
                                  largest_error(chunked_cumsum(x, offset), x.cumsum(1) + offset))
     bf16 = x.bfloat16()
     errors["chunked_scan_bfloat16"] = largest_error(chunked_cumsum(bf16), bf16.float().cumsum(1).bfloat16())
+    scales["chunked_scan_bfloat16"] = bf16.float().cumsum(1).abs().max().item()
 
     x = torch.rand(500, device=DEVICE) * 1.8 - 0.9
     asin, tanh = torch.empty_like(x), torch.empty_like(x)
@@ -333,7 +337,7 @@ def main(out_path):
         errors["triton_op"], devices["triton_op"] = largest_error(result, x + 0.5 * y), str(result.device)
 
     with open(out_path, "w") as out:
-        json.dump({"errors": errors, "devices": devices, "cuda_target": triton.runtime.driver.active.get_current_target().backend,
+        json.dump({"errors": errors, "scales": scales, "devices": devices, "cuda_target": triton.runtime.driver.active.get_current_target().backend,
                    "tuned": matmul_kernel.best_config.kwargs}, out)
 
 
