@@ -89,5 +89,10 @@ def _serve(activation, triton) -> None:
                   f"{getattr(triton, '__version__', '?')} has no {missing}; a launch fails as "
                   "Triton fails without a driver")
         return
-    driver.install(activation)
-    launches.install(activation)
+    done = len(activation.registry)
+    try:
+        driver.install(activation)
+        launches.install(activation)
+    except Exception:               # all of it or none: a driver without its launches breaks both
+        activation.registry.revert_to(done)
+        raise

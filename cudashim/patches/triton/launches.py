@@ -165,16 +165,23 @@ def launch_grid(kernel, grid, args, kwargs):
 # --- what the patches put in Triton's place ----------------------------------------------
 def _running(launches):
     def run(original):
-        import torch
+        def launch_or_warm_up(kernel, args, kwargs, grid, warmup):
+            if warmup:
+                return CompiledStandIn(launches, kernel, kwargs)
+            return launches.launch(kernel, args, kwargs, grid)
 
         # torch.compile of code that launches a kernel: dynamo runs the launch as it is, between
         # graphs, as it runs any call it cannot trace (it knows Triton kernels only on a GPU).
-        @torch.compiler.disable
+        # Marked at the first launch, not here: torch._dynamo itself imports triton, and this
+        # patch is made while it does.
+        untraced = []
+
         @functools.wraps(original)
         def interpreted_run(self, *args, grid, warmup, **kwargs):
-            if warmup:
-                return CompiledStandIn(launches, self, kwargs)
-            return launches.launch(self, args, kwargs, grid)
+            if not untraced:
+                import torch
+                untraced.append(torch.compiler.disable(launch_or_warm_up))
+            return untraced[0](self, args, kwargs, grid, warmup)
         return interpreted_run
     return run
 
