@@ -1,8 +1,11 @@
 """cudashim's start-up hook: put this folder on PYTHONPATH to shim every Python started.
 
-It imports no torch: when CUDASHIM_ACTIVATE=1 it only arms a post-import hook, so a Python
-that never imports torch pays next to nothing. It first runs the next sitecustomize on
-sys.path (an image's own), and never breaks interpreter start-up: any failure is a warning.
+A Python that never imports torch pays next to nothing: when CUDASHIM_ACTIVATE=1 the hook
+only puts a finder on ``sys.meta_path`` that waits for the first lookup of ``torch``, and
+imports and activates cudashim then (most Pythons of an image are tools that never import
+torch, and importing cudashim costs tens of milliseconds). It first runs the next
+sitecustomize on sys.path (an image's own), and never breaks interpreter start-up or an
+import: any failure is a warning.
 """
 
 import os
@@ -29,9 +32,37 @@ def _run_next_sitecustomize():
             sys.modules["sitecustomize"] = ours
 
 
-def _activate():
+class _ActivateAtTorch:
+    """A meta path finder that finds nothing: at the first lookup of ``torch`` it leaves
+    ``sys.meta_path``, activates cudashim (which, torch not being imported yet, arms its
+    post-import hook) and answers with the spec the finders after it give, so that a finder
+    the activation put first still sees this import."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "torch":
+            return None
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:             # another thread got here first
+            return None
+        _activate()
+        import importlib.util
+        try:
+            return importlib.util.find_spec(fullname)
+        except (ImportError, ValueError):
+            return None
+
+
+def _arm():
     if os.environ.get("CUDASHIM_ACTIVATE") != "1":
         return
+    if "torch" in sys.modules:         # an earlier start-up hook imported it
+        _activate()
+    else:
+        sys.meta_path.insert(0, _ActivateAtTorch())
+
+
+def _activate():
     try:
         import cudashim
         cudashim.activate()
@@ -50,4 +81,4 @@ def _warn(message):
 
 
 _run_next_sitecustomize()
-_activate()
+_arm()

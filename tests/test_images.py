@@ -34,17 +34,36 @@ def test_a_broken_torch_is_reported_by_torch_not_by_the_hook(tmp_path):
     assert "ImportError: this torch build is broken" in failed.stderr and "cudashim" not in failed.stderr
 
 
-def test_a_broken_cudashim_costs_one_warning_and_nothing_else(tmp_path):
+def test_a_broken_cudashim_costs_one_warning_at_import_torch_and_nothing_else(tmp_path):
     env = image_environment()
     hook = env["PYTHONPATH"].split(":")[0]
     fake = tmp_path / "fake"
     (fake / "cudashim").mkdir(parents=True)
     (fake / "cudashim" / "__init__.py").write_text("raise RuntimeError('half-installed')\n")
     env["PYTHONPATH"] = f"{hook}:{fake}"
-    result = python("-c", "print('up')", env=env)
-    assert result.returncode == 0 and result.stdout.strip() == "up"
+    untouched = python("-c", "print('up')", env=env, cwd=tmp_path)
+    assert untouched.returncode == 0 and untouched.stdout.strip() == "up" and untouched.stderr == ""
+    # Outside the checkout, whose own cudashim the current folder would offer first.
+    result = python("-c", "import torch; print(torch.ones(1).sum().item())", env=env, cwd=tmp_path)
+    assert result.returncode == 0 and result.stdout.strip() == "1.0", result.stderr
     warnings = [line for line in result.stderr.splitlines() if "Warning:" in line]
     assert len(warnings) == 1 and "cudashim is not active" in warnings[0] and "half-installed" in warnings[0]
+
+
+def test_a_python_that_never_imports_torch_never_imports_cudashim():
+    """Most Pythons of an image are tools: the hook waits for torch's import before it loads
+    anything of cudashim's (tens of milliseconds), and a lookup of torch that finds it
+    (importlib.util.find_spec, as libraries probe for torch) leaves it importable as usual."""
+    env = image_environment()
+    probe = ("import sys, importlib.util; before = sorted(m for m in sys.modules if 'cudashim' in m); "
+             "found = importlib.util.find_spec('torch') is not None; "
+             "import torch; print(before, found, 'cudashim' in sys.modules, torch.cuda.is_available(), "
+             "torch.ones(1).cuda().is_cuda)")
+    result = python("-c", probe, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["[]", "True", "True", "True", "True"]
+    nested = python("-c", "import torch.nn as nn, torch; print(torch.cuda.is_available())", env=env)
+    assert nested.returncode == 0 and nested.stdout.strip() == "True", nested.stderr
 
 
 def test_only_the_settings_given_are_pinned():
