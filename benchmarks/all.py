@@ -37,6 +37,7 @@ BENCHMARKS = {
     "copies": (["copies.py"], ["--quick"]),
     "collectives": (["collectives.py"], ["--quick"]),
     "triton_kernels": (["triton_kernels.py"], ["--quick"]),
+    "reductions": (["reductions.py"], ["--quick"]),
     "scan": (["scan.py"], ["--files", "200", "--repeats", "1"]),
     "scan_agreement": (["scan_agreement.py"], []),
 }
@@ -282,9 +283,30 @@ def render_collectives(result):
     return "Collectives staged through host memory", lines
 
 
+def render_reductions(result):
+    lines = ["`python benchmarks/reductions.py`: long float32 reductions on the CPU backend, torch's own "
+             "kernels against cudashim's blocked ones (`cudashim/patches/reductions.py`), each relative "
+             "to the float64 result on positive values; cost: the two taking turns, median of the "
+             f"per-turn ratios with their middle half (target <= {result['target']}x). "
+             f"torch {result['torch']}, {result['threads']} threads.", "",
+             "| call | length | torch's error | blocked error | torch | blocked | cost (middle half) | met |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for row in result["rows"]:
+        low, high = row["ratio_middle_half"]
+        lines.append(f"| {row['what']} | 2^{row['length'].bit_length() - 1} | {row['torch_error']:.1e} | "
+                     f"{row['shimmed_error']:.1e} | {ms(row['torch_ms'])} | {ms(row['shimmed_ms'])} | "
+                     f"{row['ratio']:.2f}x ({low:.2f}-{high:.2f}) | {'yes' if row['met'] else 'no'} |")
+    short = result["short"]
+    low, high = short["extra_middle_half_ns"]
+    lines += ["", f"Below the blocking lengths a call pays one check: {short['what']}, "
+              f"{short['native_ns']:.0f} ns, {short['extra_ns']:+.0f} ns ({low:+.0f} to {high:+.0f})."]
+    return "Long reductions at CUDA's accuracy", lines
+
+
 RENDERERS = {"kernels": render_kernels, "overhead": render_overhead, "precision": render_precision,
              "graphs": render_graphs, "data_parallel": render_data_parallel, "copies": render_copies,
-             "collectives": render_collectives, "triton_kernels": render_triton_kernels, "scan": render_scan,
+             "collectives": render_collectives, "triton_kernels": render_triton_kernels,
+             "reductions": render_reductions, "scan": render_scan,
              "scan_agreement": render_scan_agreement}
 
 

@@ -55,6 +55,9 @@ NAMES: Dict[str, Name] = {name.path: name for name in (
        "the TF32 flags are not mapped to oneDNN's reduced-precision matmuls: float32 stays "
        "float32, as on a GPU without TF32"),
     # --- private names --------------------------------------------------------------------
+    _n("torch._foreach_norm", "reductions", FALLBACK,
+       "nothing to patch: a torch without foreach norms takes each gradient's norm in "
+       "clip_grad_norm_ with torch.linalg.vector_norm, which is patched"),
     # torch.compile (patches/compiled.py), read when dynamo or inductor is imported
     _n("torch._dynamo.variables.base.VariableTracker.build", "compiled", FALLBACK,
        "ConstantVariable.create, which torch before 2.6 makes dynamo's constants with"),

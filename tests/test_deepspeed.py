@@ -110,10 +110,13 @@ def test_zero_on_two_ranks_with_the_deepspeed_launcher(tmp_path, stage, dtype, o
 def test_the_one_bit_backends_agree_with_the_torch_simulation(tmp_path):
     """DeepSpeed's NCCL backend (served on cudashim.kernels: CuPy cannot run here) and its
     compressed backend (DeepSpeed's code, with cudashim's packbits op) each compress a
-    padded buffer on two ranks as a float32 simulation of the algorithm says."""
+    padded buffer on two ranks as a float32 simulation of the algorithm says; the long
+    buffer's simulated norms are off by 1e-4 where torch's CPU kernels reduce it whole."""
     seen = _two_ranks(tmp_path, program=BACKENDS)
-    assert seen["NcclBackend"]["module"] == "cudashim.patches.frameworks.deepspeed_onebit"
-    assert seen["CompressedBackend"]["module"] == "deepspeed.runtime.comm.compressed"
+    assert {name.split(",")[0]: backend["module"] for name, backend in seen.items()} == {
+        "NcclBackend": "cudashim.patches.frameworks.deepspeed_onebit",
+        "CompressedBackend": "deepspeed.runtime.comm.compressed"}
+    assert len(seen) == 4                    # a short buffer and a long one, each
     for backend in seen.values():
         assert backend["result"] < 1e-6 and backend["worker_error"] < 1e-6 and backend["server_error"] < 1e-6
         assert backend["shape_kept"] and backend["device"] == "cpu" and backend["is_cuda"]

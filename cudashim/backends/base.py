@@ -130,6 +130,9 @@ class Backend:
     # (the CPU backend): then torch's move between them is an alias, and cudashim makes the
     # copy CUDA makes (``cudashim.residency``).
     device_memory_is_host = False
+    # Whether the target's kernels are the host CPU's own, torch's CPU kernels: then long
+    # reductions are blocked to CUDA's accuracy (``patches/reductions.py``).
+    computes_with_host_kernels = False
 
     @cuda_api
     def device_count(self) -> int:

@@ -44,6 +44,7 @@ class CPUBackend(HostStreams, Backend):
     honours_device_count = True
     shares_devices = True                      # every virtual cuda:N is host memory
     device_memory_is_host = True               # moves copy where CUDA's do (residency.py)
+    computes_with_host_kernels = True          # long reductions as exact as CUDA's (reductions.py)
 
     def __init__(self, settings):
         super().__init__(settings)

@@ -52,6 +52,7 @@ GROUPS: Tuple[str, ...] = (
     "amp",             # autocast, GradScaler, autocast state queries
     "optimizers",      # capturable=True on the target's device, as CUDA graphs need it
     "precision",       # float16 matmuls in float32 where float16 is slow; TF32 flags mapped
+    "reductions",      # long norms and dots as exact as CUDA's where the kernels are the CPU's
     "serialization",   # torch.load(map_location=...)
     "data",            # DataLoader(pin_memory_device="cuda")
     "flags",           # sdpa_kernel / sdp_kernel fallback

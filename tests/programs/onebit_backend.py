@@ -1,8 +1,8 @@
 """DeepSpeed's 1-bit backends against a torch simulation, as DeepSpeed's own backend tests
 check them, in a program written for NVIDIA GPUs (``cuda`` tensors, ``nccl``).
 
-Each backend compresses one buffer of random values (biased per rank, so that few lie near
-zero) whose length needs padding to whole bytes per rank. The simulation does the same
+Each backend compresses two buffers of random values (biased per rank, so that few lie near
+zero) whose lengths need padding to whole bytes per rank, a short one and a long one. The simulation does the same
 arithmetic with plain tensors and a float32 all_reduce. Rank 0 writes, per backend, the
 largest differences from the simulation: of the result, and of the errors carried.
 """
@@ -65,11 +65,14 @@ def main():
     from deepspeed.runtime.comm.nccl import NcclBackend
     from deepspeed.runtime.comm.compressed import CompressedBackend
     torch.manual_seed(7 + rank)
-    values = (torch.rand(10_003, device="cuda") - 0.5) + 0.01 * rank
     seen = {}
-    for backend in (NcclBackend(), CompressedBackend()):
-        seen[type(backend).__name__] = {"module": type(backend).__module__,
-                                        **compare(backend, values, world, rank)}
+    # A short buffer, and a long one whose norms CUDA's tree reductions keep exact (DeepSpeed's
+    # own test compresses 300 * 2**20 values).
+    for length in (10_003, 2 ** 22 + 3):
+        values = (torch.rand(length, device="cuda") - 0.5) + 0.01 * rank
+        for backend in (NcclBackend(), CompressedBackend()):
+            seen[f"{type(backend).__name__}, {length} values"] = {
+                "module": type(backend).__module__, **compare(backend, values, world, rank)}
     if rank == 0:
         with open(args.out, "w") as f:
             json.dump(seen, f)

@@ -1,0 +1,241 @@
+"""Long float reductions as exact as CUDA's, where the target computes with the host's kernels.
+
+torch's CPU kernels for vector norms (``torch.linalg.vector_norm``, ``torch.norm`` and
+``Tensor.norm``, ``torch.linalg.norm``'s vector cases, ``torch._foreach_norm`` under
+``clip_grad_norm_``, ``torch.dist``) accumulate each vector lane's share of the input in one
+float32 running sum, and BLAS's ``dot``, ``vdot`` and ``mv`` do the same along the inner
+dimension. Over millions of elements that drifts: against float64, a 2-norm of 2**24 values
+is off by 1e-4 to 5e-4, of 2**26 by 2e-3 to 4e-3, where CUDA's tree reductions stay near
+1e-7. A CUDA
+program that checks a flattened gradient's norm against a reference (DeepSpeed's 1-bit
+backend tests), or clips by it, would see the CPU's drift. On the CPU backend such calls,
+past a length where the drift shows, are split into blocks: torch's kernel reduces each
+block, then the blocks' results, as CUDA's reduction does. A norm is the norm of its blocks'
+norms (for any finite nonzero order), a dot the sum of its blocks' dots; both stay
+differentiable. The blocked 2-norm runs faster than torch's single pass (0.6-0.9x), other
+orders, dots and ``mv`` at 1.05-1.15x (``benchmarks/reductions.py``).
+
+Shorter calls, dtypes torch does not reduce in float32, orders 0 and ±inf (exact as they
+are), ``out=`` and float64 ``dtype=`` arguments, and reductions whose elements are not one
+contiguous run go to torch unchanged, after one check.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+# A norm over at least this many elements per result is blocked: below it torch's drift is
+# within a few times CUDA's (about 5e-7 at 2**18), and the blocks' extra kernels would cost
+# more than 1.2x torch's single one (1.3-1.7x at 2**18, 0.9-1.1x at 2**20, measured here).
+NORM_BLOCKED_FROM = 2 ** 20
+NORM_BLOCK = 4096
+# Dots drift later (2e-7 at 2**22, 7e-7 at 2**24, 4e-4 for mv at 2**26) and cost more blocked
+# (1.2-1.4x at 2**22, 1.1x from 2**23): fewer, longer blocks (a block of 2**20 is within 3e-7
+# of float64 on its own, and keeps BLAS's threads busy).
+DOT_BLOCKED_FROM = 2 ** 23
+DOT_BLOCK = 2 ** 20
+MV_BLOCK = 2 ** 18             # BLAS's gemv drifts sooner than its dot (4e-6 at 2**20)
+
+# The dtypes torch's CPU kernels reduce with float32 accumulators.
+_FLOAT32_ACCUMULATED = (torch.float32, torch.float16, torch.bfloat16)
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+BLOCKED = "reduced in blocks (CUDA's accuracy)"
+
+
+def install(activation):
+    if not activation.backend.computes_with_host_kernels:
+        return
+    count = activation.count
+    vector_norm = torch.linalg.vector_norm          # torch's own, which every norm here blocks
+    for owner, name, make in (
+            (torch.linalg, "vector_norm", _vector_norm),
+            (torch.linalg, "norm", _linalg_norm),
+            (torch, "_foreach_norm", _foreach_norm),
+            (torch, "dist", _dist),
+            (torch, "dot", _dot), (torch.Tensor, "dot", _dot),
+            (torch, "vdot", _dot), (torch.Tensor, "vdot", _dot),
+            (torch, "mv", _mv), (torch.Tensor, "mv", _mv)):
+        api = f"{getattr(owner, '__name__', owner)}.{name}"
+        activation.replace(owner, name, functools.partial(make, api, count, vector_norm))
+
+
+# --- norms --------------------------------------------------------------------------------
+def _reduced_run(x, dim):
+    """(elements each result reduces, dimensions reduced) where those elements are one
+    contiguous run of a contiguous tensor (all of it, or its trailing dimensions); else None."""
+    if not x.is_contiguous():
+        return None
+    ndim = x.dim()
+    if dim is None:
+        return x.numel(), ndim
+    dims = (dim,) if isinstance(dim, int) else dim
+    if not isinstance(dims, (tuple, list)) or not dims or not ndim \
+            or not all(isinstance(d, int) and -ndim <= d < ndim for d in dims):
+        return None
+    reduced = sorted({d % ndim for d in dims})
+    if reduced != list(range(ndim - len(reduced), ndim)):
+        return None
+    return math.prod(x.shape[ndim - len(reduced):]), len(reduced)
+
+
+def _blockable_norm(x, ord, dim, dtype):
+    """(run, dimensions reduced) where this norm is one to block; else None."""
+    if type(x) not in _PLAIN or x.dtype not in _FLOAT32_ACCUMULATED or x.numel() < NORM_BLOCKED_FROM \
+            or x.device.type != "cpu" or (dtype is not None and dtype not in _FLOAT32_ACCUMULATED) \
+            or isinstance(ord, bool) or not isinstance(ord, (int, float)) or ord == 0 \
+            or not math.isfinite(ord):
+        return None
+    reduced = _reduced_run(x, dim)
+    return reduced if reduced is not None and reduced[0] >= NORM_BLOCKED_FROM else None
+
+
+def blocked_norm(vector_norm, x, ord, reduced, keepdim, dtype):
+    """torch's ``vector_norm`` of ``x`` over its ``reduced`` (run, dimensions), as the norm
+    of its blocks' norms, accumulated in float32 (or ``dtype``)."""
+    run, dims = reduced
+    norms = _norm_of_blocks(vector_norm, x.reshape(-1, run), ord, torch.float32 if dtype is None else dtype)
+    kept = x.shape[:x.dim() - dims]
+    return norms.reshape(kept + ((1,) * dims if keepdim else ())).to(x.dtype if dtype is None else dtype)
+
+
+def _norm_of_blocks(vector_norm, rows, ord, accumulate):
+    """Each row's norm, through as many levels of blocks as its length needs: a norm kernel
+    that runs one accumulator (torch's 1-norm) drifts over the blocks' norms too."""
+    run = rows.shape[1]
+    if run <= NORM_BLOCK:
+        return vector_norm(rows, ord, -1, dtype=accumulate)
+    whole = run - run % NORM_BLOCK
+    parts = vector_norm(rows[:, :whole].reshape(rows.shape[0], -1, NORM_BLOCK), ord, -1, dtype=accumulate)
+    if whole < run:
+        parts = torch.cat([parts, vector_norm(rows[:, whole:], ord, -1, True, dtype=accumulate)], 1)
+    return _norm_of_blocks(vector_norm, parts, ord, None)
+
+
+def _vector_norm(api, count, vector_norm, original):
+    @functools.wraps(original)
+    def accurate_vector_norm(x, *args, **kwargs):
+        # Most norms are short: one type check and a length, then torch's call as it was made.
+        if type(x) not in _PLAIN or x.numel() < NORM_BLOCKED_FROM:
+            return _as_called(original, x, args, kwargs)
+        ord, dim, keepdim, dtype, out = _norm_arguments(*args, **kwargs)
+        if dim.__class__ is int and (not -x.dim() <= dim < x.dim() or x.shape[dim] < NORM_BLOCKED_FROM):
+            return _as_called(original, x, args, kwargs)
+        reduced = None if out is not None else _blockable_norm(x, ord, dim, dtype)
+        if reduced is None:
+            return original(x, *args, **kwargs)
+        count(api, BLOCKED)
+        return blocked_norm(vector_norm, x, ord, reduced, keepdim, dtype)
+    return accurate_vector_norm
+
+
+def _as_called(original, first, args, kwargs):
+    """``original`` called as the program called its wrapper. A builtin called with ``*``
+    or ``**`` of nothing costs about 200 ns more (no vectorcall): those are left out."""
+    if kwargs:
+        return original(first, *args, **kwargs)
+    return original(first, *args) if args else original(first)
+
+
+def _norm_arguments(ord=2, dim=None, keepdim=False, *, dtype=None, out=None):
+    """``vector_norm``'s arguments after its input, by name (torch checks them all)."""
+    return ord, dim, keepdim, dtype, out
+
+
+def _linalg_norm(api, count, vector_norm, original):
+    """``torch.linalg.norm``'s vector norms: a vector's (a 1-D input or one ``dim``) and the
+    Frobenius norm, which is the 2-norm of the elements; matrix norms are torch's."""
+    @functools.wraps(original)
+    def accurate_linalg_norm(A, *args, **kwargs):
+        if type(A) not in _PLAIN or A.numel() < NORM_BLOCKED_FROM:
+            return _as_called(original, A, args, kwargs)
+        ord, dim, keepdim, out, dtype = _linalg_norm_arguments(*args, **kwargs)
+        reduced = order = None
+        if out is None:
+            single = isinstance(dim, int) or (isinstance(dim, (tuple, list)) and len(dim) == 1)
+            pair = isinstance(dim, (tuple, list)) and len(dim) == 2
+            if ord is None or (ord == "fro" and (pair or (dim is None and A.dim() == 2))):
+                order = 2               # the elements' 2-norm: dim=None flattens, as torch does
+            elif not isinstance(ord, str) and (single or (dim is None and A.dim() == 1)):
+                order = ord
+            if order is not None:
+                reduced = _blockable_norm(A, order, dim, dtype)
+        if reduced is None:
+            return original(A, *args, **kwargs)
+        count(api, BLOCKED)
+        return blocked_norm(vector_norm, A, order, reduced, keepdim, dtype)
+    return accurate_linalg_norm
+
+
+def _linalg_norm_arguments(ord=None, dim=None, keepdim=False, *, out=None, dtype=None):
+    return ord, dim, keepdim, out, dtype
+
+
+def _foreach_norm(api, count, vector_norm, original):
+    @functools.wraps(original)
+    def accurate_foreach_norm(tensors, *args, **kwargs):
+        if not any(type(t) in _PLAIN and t.numel() >= NORM_BLOCKED_FROM for t in tensors):
+            return _as_called(original, tensors, args, kwargs)
+        ord, dtype = _foreach_norm_arguments(*args, **kwargs)
+        blockable = [_blockable_norm(t, ord, None, dtype) for t in tensors]
+        if not any(blockable):
+            return original(tensors, *args, **kwargs)
+        count(api, BLOCKED)
+        short = [t for t, reduced in zip(tensors, blockable) if reduced is None]
+        short_norms = iter(original(short, *args, **kwargs) if short else ())
+        return tuple(next(short_norms) if reduced is None
+                     else blocked_norm(vector_norm, t, ord, reduced, False, dtype)
+                     for t, reduced in zip(tensors, blockable))
+    return accurate_foreach_norm
+
+
+def _foreach_norm_arguments(ord=2, dtype=None):
+    return ord, dtype
+
+
+def _dist(api, count, vector_norm, original):
+    @functools.wraps(original)
+    def accurate_dist(x, other, p=2):
+        if type(x) in _PLAIN and type(other) in _PLAIN and other.dtype == x.dtype \
+                and max(x.numel(), other.numel()) >= NORM_BLOCKED_FROM:
+            difference = x - other
+            reduced = _blockable_norm(difference, p, None, None)
+            if reduced is not None:
+                count(api, BLOCKED)
+                return blocked_norm(vector_norm, difference, p, reduced, False, None)
+        return original(x, other, p)
+    return accurate_dist
+
+
+# --- dots ---------------------------------------------------------------------------------
+def _blockable_dot(left, right):
+    return type(left) in _PLAIN and type(right) in _PLAIN and left.dtype == torch.float32 \
+        and right.dtype == torch.float32 and right.dim() == 1 \
+        and right.numel() >= DOT_BLOCKED_FROM and left.device.type == "cpu"
+
+
+def _dot(api, count, vector_norm, original):
+    @functools.wraps(original)
+    def accurate_dot(x, y, *args, **kwargs):
+        if args or kwargs:
+            return original(x, y, *args, **kwargs)
+        if not _blockable_dot(x, y) or x.dim() != 1 or x.numel() != y.numel():
+            return original(x, y)
+        count(api, BLOCKED)
+        return torch.stack([original(a, b) for a, b in zip(x.split(DOT_BLOCK), y.split(DOT_BLOCK))]).sum()
+    return accurate_dot
+
+
+def _mv(api, count, vector_norm, original):
+    @functools.wraps(original)
+    def accurate_mv(matrix, vector, *args, **kwargs):
+        if args or kwargs:
+            return original(matrix, vector, *args, **kwargs)
+        if not _blockable_dot(matrix, vector) or matrix.dim() != 2 or matrix.shape[1] != vector.numel():
+            return original(matrix, vector)
+        count(api, BLOCKED)
+        return torch.stack([original(a, b) for a, b in zip(matrix.split(MV_BLOCK, 1),
+                                                          vector.split(MV_BLOCK))]).sum(0)
+    return accurate_mv
