@@ -300,6 +300,16 @@ def render_reductions(result):
     low, high = short["extra_middle_half_ns"]
     lines += ["", f"Below the blocking lengths a call pays one check: {short['what']}, "
               f"{short['native_ns']:.0f} ns, {short['extra_ns']:+.0f} ns ({low:+.0f} to {high:+.0f})."]
+    if "survey" in result:
+        lengths = list(next(iter(result["survey"].values())))
+        lines += ["", "Every float32 reduction measured under the shim, error against float64 (the rest of "
+                  "torch's CPU reductions: pairwise sums, Welford's variance, exact enough already; the "
+                  "`@`/`einsum` dot products, softmax and cross-entropy over one row longer than any "
+                  "vocabulary are not blocked):", "",
+                  "| reduction | " + " | ".join(f"2^{int(n).bit_length() - 1}" for n in lengths) + " |",
+                  "| --- |" + " --- |" * len(lengths)]
+        for name, errors in result["survey"].items():
+            lines.append(f"| {name} | " + " | ".join(f"{errors[n]:.1e}" for n in lengths) + " |")
     return "Long reductions at CUDA's accuracy", lines
 
 

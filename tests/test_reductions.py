@@ -48,6 +48,9 @@ NORMS = {   # name -> (x -> float32 result, x -> the same in float64)
     "clip_grad_norm_ (foreach)": lambda x: _clipped_norm(x, True),
     "clip_grad_norm_ (per tensor)": lambda x: _clipped_norm(x, False),
     "dist": lambda x: torch.dist(x, x.flip(0) * 0.5),
+    "F.cosine_similarity of two flattened buffers": lambda x: F.cosine_similarity(x, x.flip(0).sqrt(), dim=0),
+    "nn.CosineSimilarity along a long row": lambda x: torch.nn.CosineSimilarity(dim=-1)(
+        x[:2 ** 22].view(2, -1), x[:2 ** 22].view(2, -1).flip(0).sqrt()),
     "dot": lambda x: torch.dot(x, _long(seed=1).to(x.dtype)),
     "Tensor.dot": lambda x: x.dot(_long(seed=1).to(x.dtype)),
     "vdot": lambda x: torch.vdot(x, _long(seed=1).to(x.dtype)),
