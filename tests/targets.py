@@ -26,7 +26,7 @@ class Target:
     devices: int                    # its real devices
     collective: str                 # what the doctor says NCCL becomes
     pins_memory: bool               # whether its pinned host memory is pinned
-    bf16: bool                      # what its device module says of bfloat16
+    bf16: bool                      # what its device module says of bfloat16 (natively)
     probe: str                      # prints 2.0 where the target computes
     hint: str                       # what it needs
 

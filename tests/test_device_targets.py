@@ -270,6 +270,25 @@ def test_the_hugging_face_trainer_trains_and_resumes(tmp_path):
         assert all(seen["resumed"][step] == seen["losses"][step] for step in ("4", "5", "6"))
 
 
+def test_the_trainers_bf16_gate_opens_where_the_target_emulates_bfloat16(tmp_path):
+    """TrainingArguments(bf16=True) asks torch.cuda.is_bf16_supported(), which CUDA answers True
+    wherever it can emulate bfloat16. torchvulkan computes no bfloat16 itself (its ops fall back
+    to the host), so the answer with emulation is True and without it False; the Trainer trains
+    in CUDA's bf16 autocast (which the precision policy runs in float32 there) and resumes."""
+    pytest.importorskip("transformers")
+    for target in targets(where=lambda target: not target.bf16):
+        out = tmp_path / f"{target.name}.json"
+        _run("tests/programs/hf_trainer.py", "--output-dir", str(tmp_path / target.name), "--out", str(out),
+             "--precision", "bf16", target=target)
+        seen = json.loads(out.read_text())
+        assert seen["parameter"] == [target.device(0), True] and seen["mixed_precision"] == "bf16"
+        assert seen["scaler"] == "NoneType"                 # bf16 needs no loss scaling
+        assert all(seen["resumed"][step] == seen["losses"][step] for step in ("4", "5", "6"))
+        answers = _run("-c", "import torch; print(torch.cuda.is_bf16_supported(), "
+                             "torch.cuda.is_bf16_supported(including_emulation=False))", target=target)
+        assert answers.stdout.split()[-2:] == ["True", "False"]
+
+
 UNUSED_PARAMETERS = """
 import os, torch, torch.distributed as dist
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"])
@@ -312,7 +331,7 @@ def test_eager_init_with_a_cuda_device_id_and_a_mesh_from_the_group():
         result = torchrun("tests/programs/eager_init.py", nproc=1, shim_options=target.options, timeout=300)
         assert result.returncode == 0, result.stderr[-3000:]
         module = "torchvulkan" if target is VULKAN else "cudashim.testdevice.module"
-        dtype = "torch.bfloat16" if target.bf16 else "torch.float16"
+        dtype = "torch.bfloat16" if target.bf16 else "torch.float16"     # the vendor's own module's answer
         assert f"rank 0: bound nccl, {module}, True, {dtype}" in result.stdout
 
 

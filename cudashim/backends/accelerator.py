@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import warnings
 from typing import Optional, Tuple
 
 import torch
@@ -163,8 +164,28 @@ class AcceleratorBackend(Backend):
             major=major, minor=minor, multi_processor_count=1)
 
     def is_bf16_supported(self, including_emulation: bool = True) -> bool:
+        """As CUDA answers: True where the device computes bfloat16 natively; else, with
+        emulation counted (CUDA's default, which the Hugging Face Trainer's ``--bf16`` gate
+        asks with), whether bfloat16 tensors can live on the device and be computed with.
+        torchvulkan's ops run them through its own host fallback; autocast regions the
+        precision policy runs in float32 (``cudashim doctor`` says how each dtype runs)."""
         own = self._vendor("is_bf16_supported")
-        return bool(own()) if own else torch.bfloat16 in self.autocast_dtypes()
+        native = bool(own()) if own else torch.bfloat16 in self.autocast_dtypes()
+        if native or not including_emulation:
+            return native
+        return self._holds_bfloat16
+
+    @functools.cached_property
+    def _holds_bfloat16(self) -> bool:
+        """One bfloat16 sum on the device, as CUDA's check makes one tensor (its fallback
+        warnings are the vendor's to give when the program computes, not at this probe)."""
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ones = torch.ones(2, dtype=torch.bfloat16, device=self.target_device(None))
+                return (ones + ones).sum().item() == 4
+        except Exception:                  # the device refuses the dtype: no emulation either
+            return False
 
     # --- RNG: the device module's, else the host generator ----------------------------
     def _rng(self, name, host):

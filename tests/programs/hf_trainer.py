@@ -1,6 +1,6 @@
 """A Hugging Face ``Trainer`` script as its documentation writes one, for GPUs.
 
-``TrainingArguments(fp16=True, ...)`` and ``Trainer.train``, a checkpoint every few steps,
+``TrainingArguments(fp16=True, ...)`` (or ``bf16=True``) and ``Trainer.train``, a checkpoint every few steps,
 then training resumed from the first checkpoint with ``resume_from_checkpoint``, and
 ``Trainer.evaluate``. Launched by ``torchrun`` (DDP, one GPU a rank) or as one process that
 sees every GPU (the Trainer wraps the model in ``nn.DataParallel``). The main process writes
@@ -28,10 +28,11 @@ class Tokens(Dataset):
         return {"input_ids": self.ids[index], "labels": self.ids[index]}
 
 
-def trainer(output_dir, find_unused_parameters):
+def trainer(output_dir, find_unused_parameters, precision):
     model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=2, n_positions=16,
                                        bos_token_id=0, eos_token_id=0))
-    arguments = TrainingArguments(output_dir=output_dir, per_device_train_batch_size=4, max_steps=6, fp16=True,
+    arguments = TrainingArguments(output_dir=output_dir, per_device_train_batch_size=4, max_steps=6,
+                                  fp16=precision == "fp16", bf16=precision == "bf16",
                                   learning_rate=1e-3, logging_steps=1, save_steps=3, report_to=[], seed=0,
                                   disable_tqdm=True, ddp_find_unused_parameters=find_unused_parameters)
     return Trainer(model=model, args=arguments, train_dataset=Tokens(0, 64), eval_dataset=Tokens(1, 16))
@@ -47,12 +48,15 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--ddp-find-unused-parameters", choices=["true", "false"],
                         help="the Trainer's default: true for a model without gradient checkpointing")
+    parser.add_argument("--precision", choices=["fp16", "bf16"], default="fp16",
+                        help="the Trainer's mixed precision: --fp16, or --bf16, which it gates on "
+                             "torch.cuda.is_bf16_supported()")
     args = parser.parse_args()
     find_unused = None if args.ddp_find_unused_parameters is None else args.ddp_find_unused_parameters == "true"
 
-    first = trainer(args.output_dir, find_unused)
+    first = trainer(args.output_dir, find_unused, args.precision)
     first.train()
-    resumed = trainer(args.output_dir, find_unused)
+    resumed = trainer(args.output_dir, find_unused, args.precision)
     resumed.train(resume_from_checkpoint=os.path.join(args.output_dir, "checkpoint-3"))
     evaluated = resumed.evaluate()
     parameter = next(resumed.model.parameters())
@@ -62,6 +66,7 @@ def main():
                        "parallel_mode": str(resumed.args.parallel_mode), "world_size": resumed.args.world_size,
                        "wrapped": type(resumed.model_wrapped).__name__,
                        "scaler": type(resumed.accelerator.scaler).__name__,
+                       "mixed_precision": resumed.accelerator.mixed_precision,
                        "backend": torch.distributed.get_backend() if torch.distributed.is_initialized() else None,
                        "parameter": [str(parameter.device), parameter.is_cuda],
                        "losses": losses(first), "resumed": losses(resumed), "eval_loss": evaluated["eval_loss"]},
