@@ -189,6 +189,18 @@ def _assert_dtensor_random_ops(seen):
     assert 0.3 < rng["dropout_kept"] < 0.7 and abs(rng["normal_mean"]) < 0.5, rng
 
 
+def test_dtensor_random_ops_where_every_rank_shares_one_device(tmp_path):
+    """The 2-D mesh program's random ops on torchvulkan, whose one device the four ranks share:
+    its generator is Philox-shaped and reached through its module's ``__getattr__``
+    (``default_generators``), so torch's own offset tracker runs on it. Before cudashim read that
+    hook, the mesh's generator was taken to be the host's, seeded regions moved it, and every
+    shard drew the same numbers from the device's untouched generator."""
+    for target in targets(where=lambda target: target.devices < 2):
+        seen = _mesh_run(tmp_path, target.name, "--rng-only", nproc=4, target=target)
+        assert seen["mesh"] == [2, 2] and seen["rng"]["device"] == target.device(0)
+        _assert_dtensor_random_ops(seen)
+
+
 @pytest.mark.torch_range
 def test_data_and_tensor_parallel_training_on_a_2d_mesh(tmp_path):
     """The FSDP2 + TP tutorials' program on a (data, tensor) mesh of four ranks, seeded as the

@@ -24,7 +24,7 @@ from .. import torch_names
 from ..errors import invalid_device_ordinal, warn_once
 from ..job_layout import local_world_size
 from . import host, staged
-from .base import Backend
+from .base import Backend, vendor_lookup
 from .host import DeviceProperties
 
 # torch.accelerator's names where they differ from torch.cuda's.
@@ -98,8 +98,11 @@ class AcceleratorBackend(Backend):
         return real
 
     def _vendor(self, name):
-        """The device module's ``name``, or None when the vendor does not provide it."""
-        return getattr(self.module, name, None) if name in self._vendor_names else None
+        """The device module's ``name`` (an attribute, or a name its ``__getattr__`` makes),
+        or None when the vendor does not provide it."""
+        if name in self._vendor_names:
+            return getattr(self.module, name, None)
+        return vendor_lookup(self.module, name)
 
     def describe(self) -> str:
         return f"{self.name} '{self.device_type}' " + super().describe().split(" ", 1)[1]

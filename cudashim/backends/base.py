@@ -341,3 +341,16 @@ def no_collective(backend: str, missing: str) -> BackendUnavailableError:
     return BackendUnavailableError(
         f"cudashim backend '{backend}' has no collective library for NCCL to become: {missing}; "
         f"or name one with --collective / CUDASHIM_COLLECTIVE")
+
+
+def vendor_lookup(module, name: str):
+    """What a vendor module's own ``__getattr__`` answers for ``name`` (torchvulkan makes its
+    ``default_generators`` there), or None: no such hook, or no such name. Names cudashim
+    adds to the module later (the device_module group) do not hide it."""
+    hook = vars(module).get("__getattr__")
+    if hook is None:
+        return None
+    try:
+        return hook(name)
+    except AttributeError:
+        return None

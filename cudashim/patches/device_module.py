@@ -19,6 +19,7 @@ import types
 
 import torch
 
+from ..backends.base import vendor_lookup
 from ..proxy.module import is_proxy
 
 log = logging.getLogger(__name__)
@@ -33,9 +34,15 @@ def install(activation):
     if target is None or target is proxy:
         return
     for name, value in vars(proxy).items():
-        if name.startswith("_") or name in vars(target):
+        if name.startswith("_") or answers(target, name):
             continue
         activation.registry.add_attr(target, name, getattr(value, "cudashim_answer", value))
+
+
+def answers(module, name: str) -> bool:
+    """Whether the module has ``name``: an attribute, or a name its own ``__getattr__`` makes
+    (torchvulkan makes ``default_generators`` there, its devices' generators)."""
+    return name in vars(module) or vendor_lookup(module, name) is not None
 
 
 def target_module(backend):
