@@ -81,6 +81,7 @@ typedef struct {
     PyObject *classes;        /* a tuple of types, or NULL: any class. A positional of another
                                  class is another argument */
     Translation translation;
+    int pins;                 /* pin_memory where the Rewriter has pinned: True asks for it */
 } Slot;
 
 #define SMALL_STACK 16            /* arguments copied on the C stack; more are allocated */
@@ -95,6 +96,9 @@ typedef struct {
     /* Where not NULL: placed(result) after a call whose device argument, translated, is
      * device (a factory's tensor made on the device: cudashim/residency.py counts it). */
     PyObject *device, *placed;
+    /* Where not NULL: pinned(result) after a call that passed pin_memory=True (a factory's
+     * host tensor where the target cannot pin: cudashim/residency.py knows it as pinned). */
+    PyObject *pinned;
 } RewriterObject;
 
 static int keyword_matches(PyObject *name, PyObject *keyword)
@@ -125,7 +129,7 @@ static PyObject *Rewriter_vectorcall(RewriterObject *self, PyObject *const *args
     Py_ssize_t total = nargs + nkw, i;
     PyObject *small[SMALL_STACK + 1], **stack = NULL, *result;
     Py_ssize_t s;
-    int on_device = 0;
+    int on_device = 0, on_pinned = 0;
 
     for (s = 0; s < self->nslots; s++) {
         Slot *slot = &self->slots[s];
@@ -147,6 +151,8 @@ static PyObject *Rewriter_vectorcall(RewriterObject *self, PyObject *const *args
         value = stack != NULL ? stack[where] : args[where];
         if (value == Py_None)
             continue;
+        if (slot->pins && value == Py_True)
+            on_pinned = 1;
         translated = translate_value(&slot->translation, value);
         if (translated == NULL)
             goto error;
@@ -181,6 +187,12 @@ static PyObject *Rewriter_vectorcall(RewriterObject *self, PyObject *const *args
         if (placed == NULL)
             Py_CLEAR(result);
         Py_XDECREF(placed);
+    }
+    if (on_pinned && result != NULL) {
+        PyObject *pinned = PyObject_CallOneArg(self->pinned, result);
+        if (pinned == NULL)
+            Py_CLEAR(result);
+        Py_XDECREF(pinned);
     }
     goto done;
 error:
@@ -238,13 +250,21 @@ static void slot_clear(Slot *slot)
 
 static PyObject *Rewriter_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    static char *keywords[] = {"original", "slots", "device", "placed", NULL};
-    PyObject *original, *slots, *device = NULL, *placed = NULL;
+    static char *keywords[] = {"original", "slots", "device", "placed", "pinned", NULL};
+    PyObject *original, *slots, *device = NULL, *placed = NULL, *pinned = NULL;
     RewriterObject *self;
     Py_ssize_t n, i;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!|OO:Rewriter", keywords, &original,
-                                     &PyTuple_Type, &slots, &device, &placed))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!|OOO:Rewriter", keywords, &original,
+                                     &PyTuple_Type, &slots, &device, &placed, &pinned))
         return NULL;
+    if (device == Py_None && placed == Py_None)
+        device = placed = NULL;
+    if (pinned == Py_None)
+        pinned = NULL;
+    if (pinned != NULL && !PyCallable_Check(pinned)) {
+        PyErr_SetString(PyExc_TypeError, "Rewriter's pinned must be callable");
+        return NULL;
+    }
     if ((device == NULL) != (placed == NULL) || (placed != NULL && !PyCallable_Check(placed))) {
         PyErr_SetString(PyExc_TypeError, "Rewriter takes a device and a callable placed, or neither");
         return NULL;
@@ -263,6 +283,8 @@ static PyObject *Rewriter_new(PyTypeObject *type, PyObject *args, PyObject *kwds
     self->device = device;
     Py_XINCREF(placed);
     self->placed = placed;
+    Py_XINCREF(pinned);
+    self->pinned = pinned;
     self->vectorcall = (vectorcallfunc)Rewriter_vectorcall;
     self->slots = PyMem_Calloc(n, sizeof(Slot));
     if (self->slots == NULL) {
@@ -275,6 +297,8 @@ static PyObject *Rewriter_new(PyTypeObject *type, PyObject *args, PyObject *kwds
             Py_DECREF(self);
             return NULL;
         }
+        self->slots[i].pins = pinned != NULL &&
+            PyUnicode_CompareWithASCIIString(self->slots[i].keyword, "pin_memory") == 0;
     }
     return (PyObject *)self;
 }
@@ -286,6 +310,7 @@ static int Rewriter_traverse(RewriterObject *self, visitproc visit, void *arg)
     Py_VISIT(self->dict);
     Py_VISIT(self->device);
     Py_VISIT(self->placed);
+    Py_VISIT(self->pinned);
     for (s = 0; s < self->nslots; s++) {
         Py_VISIT(self->slots[s].classes);
         translation_traverse(&self->slots[s].translation, visit, arg);
@@ -300,6 +325,7 @@ static int Rewriter_clear(RewriterObject *self)
     Py_CLEAR(self->dict);
     Py_CLEAR(self->device);
     Py_CLEAR(self->placed);
+    Py_CLEAR(self->pinned);
     for (s = 0; s < self->nslots; s++)
         slot_clear(&self->slots[s]);
     self->nslots = 0;
@@ -327,9 +353,10 @@ PyTypeObject RewriterType = {
     .tp_basicsize = sizeof(RewriterObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
                 Py_TPFLAGS_METHOD_DESCRIPTOR,
-    .tp_doc = "Rewriter(original, slots, device=None, placed=None): original with its device arguments\n"
-             "translated; each slot is (position or None, keyword, classes or None, translate, cache,\n"
-             "indices, unchanged); placed(result) after a call whose translated device is device",
+    .tp_doc = "Rewriter(original, slots, device=None, placed=None, pinned=None): original with its device\n"
+             "arguments translated; each slot is (position or None, keyword, classes or None, translate,\n"
+             "cache, indices, unchanged); placed(result) after a call whose translated device is device,\n"
+             "pinned(result) after one that passed pin_memory=True",
     .tp_new = Rewriter_new,
     .tp_traverse = (traverseproc)Rewriter_traverse,
     .tp_clear = (inquiry)Rewriter_clear,

@@ -50,6 +50,9 @@ class Activation:
     # (the target's device object, place(tensor)): what a constructor's tensor made on the
     # device is handed to, where a group keeps track of them (patches/residency.py)
     placing: Any = None
+    # pinned(tensor): what a constructor's tensor made with pin_memory=True is handed to, where
+    # the target cannot pin and a group keeps track of pinned host memory (patches/residency.py)
+    pinning: Any = None
     live: bool = True                  # False once deactivated: late hooks then patch nothing
     waiting_for_imports: list = dataclasses.field(default_factory=list)   # (module, patch)
 

@@ -257,12 +257,16 @@ def test_host_memory_vocabulary_on_the_cpu(shim, tmp_path):
     # Pinning returns a copy that says it is pinned, as CUDA's does (a move from it copies again)
     assert torch.ones(2).pin_memory("cuda").is_pinned("cuda") is True
     # Pinned staging buffers made by a factory: host memory is where the CPU computes, and torch
-    # refuses to pin it without an accelerator.
+    # refuses to pin it without an accelerator; made unpinned, they say they are pinned, as a
+    # pinned copy does, and a move from one copies.
     staging = torch.empty(4, pin_memory=True)
     batch = torch.zeros(2, 3, device="cuda", pin_memory=True)
-    assert not staging.is_pinned() and batch.device.type == "cpu"
+    assert staging.is_pinned() and not torch.empty(4).is_pinned()
+    assert not batch.is_pinned() and batch.device.type == "cpu"       # device memory is not pinned
+    assert staging.cpu() is staging and staging.to("cuda", non_blocking=True) is not staging
     # and so are a tensor's own constructors (torch alone raises: no pinned memory allocator)
     assert staging.new_zeros(3, pin_memory=True).tolist() == [0, 0, 0]
+    assert staging.new_zeros(3, pin_memory=True).is_pinned()
     assert staging.new_full((2,), 7.0, pin_memory=True, device="cuda").tolist() == [7, 7]
 
 

@@ -43,6 +43,11 @@ CALLS = [
     ("zeros unhashable", lambda t: torch.zeros(2, device=["cuda"])),
     ("zeros bad", lambda t: torch.zeros(2, device="cuda:3")),
     ("empty pinned", lambda t: torch.empty(2, device="cuda", pin_memory=True).fill_(1)),
+    # a host staging buffer made pinned: known as pinned, as a pinned copy is; a device one is not
+    ("staging buffers made pinned", lambda t: (
+        torch.empty(2, pin_memory=True).is_pinned(), torch.zeros(2, pin_memory=True, dtype=torch.int8).is_pinned(),
+        torch.empty(2, device="cuda", pin_memory=True).is_pinned(), torch.empty(2).is_pinned(),
+        t.new_empty(2, pin_memory=True).is_pinned(), torch.empty(2, pin_memory=False).is_pinned())),
     ("new_zeros", lambda t: t.new_zeros(3, device="cuda")),
     ("cuda()", lambda t: t.cuda()),
     ("cuda(0)", lambda t: t.cuda(0)),
@@ -154,6 +159,7 @@ def test_compiled_and_pure_python_wrappers_agree_on_every_call():
         "value", repr([(True, True), (True, True), (False, True)]))
     assert compiled["placed tensor moved in a JIT trace"][1].count("aten::to") >= 2
     assert compiled["host copy moved again"] == ("value", repr((True,) * 3 + (False, False, "meta")))
+    assert compiled["staging buffers made pinned"] == ("value", repr((True, True, False, False, True, False)))
 
 
 def test_pure_python_setting_runs_the_python_wrappers():

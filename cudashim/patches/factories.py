@@ -5,7 +5,8 @@ uses for ``with torch.device(...)``) plus the ``*_like`` functions and ``torch.n
 the few other functions that build tensors on a device (``from_file``, flex attention's
 block masks, ``from_dlpack``). Where the target cannot pin host memory (the CPU, which torch
 refuses to pin without an accelerator), ``pin_memory=True`` becomes False: a pinned staging
-buffer is host memory either way.
+buffer is host memory either way, and where device memory is host memory the tensor is known as
+pinned all the same (``activation.pinning``): ``is_pinned()`` is True and a move from it copies.
 """
 
 import importlib

@@ -53,6 +53,14 @@ def install(activation):
         # A constructor's tensor made on the device (``torch.zeros(n, device="cuda")``) is device
         # memory: counted, and so on the device for the moves (``Residency.side_of``).
         activation.placing = (backend.target_device(None), memory.add)
+    if not backend.can_pin_memory():
+        # torch.empty(n, pin_memory=True): host memory is the target's, so the tensor is made
+        # unpinned (torch refuses to pin without an accelerator) and known as pinned, as
+        # Tensor.pin_memory()'s copies are: is_pinned() says so, and moves copy it as CUDA does.
+        def pinned(tensor):
+            if residency.side_of(tensor) != DEVICE:       # device="cuda", pin_memory=True: the device's
+                residency.place(tensor, PINNED)
+        activation.pinning = pinned
     side_of_spec = destination(backend, activation.translator)
     moved = residency.moved
     stay = compiled_stay(activation, residency)

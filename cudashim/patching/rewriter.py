@@ -200,6 +200,11 @@ def rewritten(activation, declaration: Rewrite, original):
     if not slots:
         return original
     placing = activation.placing if declaration.places else None
+    # Where a pin_memory=True is rewritten (the target cannot pin), the tensor made is known
+    # as pinned host memory all the same (``activation.pinning``).
+    pinning = activation.pinning if declaration.places and any(
+        argument.kind is PIN_MEMORY for argument in declaration.arguments) and any(
+        keyword == "pin_memory" for _, keyword, _, _, _ in slots) else None
     compiled_original = original
     if placing is not None:
         original = _placing(original, *placing)
@@ -209,10 +214,12 @@ def rewritten(activation, declaration: Rewrite, original):
         function = _keywords_only(original, [(keyword, translate) for _, keyword, translate, _, _ in slots])
     else:
         return functools.wraps(original)(_any_arguments(original, slots))
+    if pinning is not None:
+        function = _pinning(function, pinning)
     function = functools.wraps(original)(function)
     if activation.compiled is None or not declaration.compiled:
         return function
-    return compiled_twin(_compiled(activation, compiled_original, slots, placing), function)
+    return compiled_twin(_compiled(activation, compiled_original, slots, placing, pinning), function)
 
 
 def compiled_twin(compiled, python):
@@ -247,13 +254,28 @@ def _signature_position(original, parameter: str) -> Optional[int]:
     return None
 
 
-def _compiled(activation, original, slots, placing=None):
+def _compiled(activation, original, slots, placing=None, pinning=None):
     """The compiled twin of ``_one_argument`` and ``_keywords_only``: the same rewriting,
     without a Python frame, reading the translator's caches directly."""
     translation = activation.translator.compiled_translation
+    device, placed = placing or (None, None)
     return activation.compiled.Rewriter(original, tuple(
         (position, keyword, classes, *translation(translate))
-        for position, keyword, translate, classes, _ in slots), *(placing or ()))
+        for position, keyword, translate, classes, _ in slots), device, placed, pinning)
+
+
+def _pinning(function, pinned):
+    """``function``, handing ``pinned`` the tensor a call with ``pin_memory=True`` makes; not
+    while torch.compile traces (a graph records no pinning)."""
+    is_compiling = torch.compiler.is_compiling
+
+    def pinning(*args, **kwargs):
+        pin = kwargs.get("pin_memory") is True if kwargs else False
+        result = function(*args, **kwargs)
+        if pin and not is_compiling():
+            pinned(result)
+        return result
+    return pinning
 
 
 def _placing(original, device, place):
