@@ -16,12 +16,13 @@
  *   HalfGate        a matmul under the float16 policy, called outside float16
  *   DeviceMemory    the storages a program put on the device, where that is host memory
  *   Stay            a move to where a move placed the tensor already: the tensor itself
+ *   LengthGate      a norm or dot blocked past a length, called shorter
  *
- * The types live in six files: _speedups_callers.c (who asks: CallerCache, TruthSwitch,
+ * The types live in seven files: _speedups_callers.c (who asks: CallerCache, TruthSwitch,
  * IsCuda), _speedups_devices.c (device arguments: Rewriter, DefaultDevice, NamedDevice),
  * _speedups_gaps.c (DtypeGate), _speedups_precision.c (HalfGate), _speedups_memory.c
- * (DeviceMemory) and _speedups_residency.c (Stay). This one holds what
- * they share and the module.
+ * (DeviceMemory), _speedups_residency.c (Stay) and _speedups_reductions.c (LengthGate).
+ * This one holds what they share and the module.
  */
 
 #include "_speedups.h"
@@ -103,7 +104,7 @@ PyMODINIT_FUNC PyInit__speedups(void)
 {
     PyTypeObject *types[] = {&CallerCacheType, &RewriterType, &TruthSwitchType, &IsCudaType,
                              &DefaultDeviceType, &NamedDeviceType, &DtypeGateType, &HalfGateType,
-                             &DeviceMemoryType, &StayType};
+                             &DeviceMemoryType, &StayType, &LengthGateType};
     size_t count = sizeof(types) / sizeof(types[0]), i;
     PyObject *module;
     if (!matches_the_table(types, count) || !device_memory_init_names() || !residency_init_names())

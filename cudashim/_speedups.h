@@ -22,6 +22,8 @@ extern PyTypeObject RewriterType, DefaultDeviceType, NamedDeviceType;
 extern PyTypeObject DtypeGateType;
 /* _speedups_precision.c: the float16 policy's matmul family */
 extern PyTypeObject HalfGateType;
+/* _speedups_reductions.c: norms and dots blocked past a length */
+extern PyTypeObject LengthGateType;
 
 /* _speedups_memory.c: storages counted on the device */
 extern PyTypeObject DeviceMemoryType;

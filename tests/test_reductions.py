@@ -134,3 +134,61 @@ def test_a_compiled_program_traces_through_the_blocked_norm(shim):
     x = _long()
     compiled = torch.compile(lambda t: t.norm() / math.sqrt(t.numel()), fullgraph=True)
     assert _relative(compiled(x), x.double().norm() / math.sqrt(x.numel())) < 10 * CUDA_LIKE
+
+
+def test_where_the_fast_path_runs_each_call_is_its_compiled_gate_and_agrees_with_python(shim):
+    """Each gated function is a compiled gate carrying its Python twin: both give the same
+    result on short calls, long ones, keyword inputs and torch's own refusals, and a short
+    call never enters the twin (no Python frame: the point of the gate)."""
+    from cudashim import speedups
+    import cudashim
+    if speedups.chosen(cudashim._settings.load()) is None:
+        pytest.skip("the compiled fast path does not run here")
+    gates = {"vector_norm": torch.linalg.vector_norm, "linalg.norm": torch.linalg.norm,
+             "dist": torch.dist, "dot": torch.dot, "Tensor.dot": torch.Tensor.dot, "mv": torch.mv,
+             "cosine_similarity": F.cosine_similarity}
+    for name, gate in gates.items():
+        assert type(gate).__name__ == "LengthGate" and callable(gate.python_twin), name
+    x, short = _long(), _long(1000)
+    other = _long(seed=3)
+    calls = {
+        "vector_norm": [((x,), {}), ((short,), {}), ((x, 1), {"dim": 0}), ((), {"x": x}),
+                        ((short, "fro"), {})],
+        "linalg.norm": [((x,), {}), ((short,), {}), ((x[:2 ** 22].view(4, -1),), {"dim": -1})],
+        "dist": [((x, other), {}), ((short, short.flip(0)), {}), ((short[:1], x), {})],
+        "dot": [((x, other), {}), ((short, short), {}), ((x, other[:-1]), {})],
+        "Tensor.dot": [((x, other), {}), ((short, short), {})],
+        "mv": [((torch.stack([x, other]), x), {}), ((short.view(10, 100), short[:100]), {})],
+        "cosine_similarity": [((x, other), {"dim": 0}), ((short, short), {"dim": 0})],
+    }
+    for name, gate in gates.items():
+        for args, kwargs in calls[name]:
+            results = []
+            for call in (gate, gate.python_twin):
+                try:
+                    results.append(("value", call(*args, **kwargs)))
+                except Exception as exc:                 # the refusal is part of the behaviour
+                    results.append(("raised", type(exc), str(exc)))
+            compiled, python = results
+            if compiled[0] == "raised":
+                assert compiled == python, name
+            else:
+                assert python[0] == "value" and torch.equal(compiled[1], python[1]), name
+    assert _python_frames(lambda: torch.linalg.vector_norm(short)) == []
+    assert "accurate_vector_norm" in _python_frames(lambda: torch.linalg.vector_norm(x))
+
+
+def _python_frames(call):
+    """The Python functions a call enters (their code names)."""
+    import sys
+    entered = []
+
+    def profile(frame, event, arg):
+        if event == "call":
+            entered.append(frame.f_code.co_name)
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return [name for name in entered if name != "<lambda>"]

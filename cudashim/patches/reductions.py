@@ -27,6 +27,8 @@ import math
 
 import torch
 
+from ..patching.rewriter import compiled_twin
+
 # A norm over at least this many elements per result is blocked: below it torch's drift is
 # within a few times CUDA's (about 5e-7 at 2**18), and the blocks' extra kernels would cost
 # more than 1.2x torch's single one (1.3-1.7x at 2**18, 0.9-1.1x at 2**20, measured here).
@@ -53,20 +55,32 @@ BLOCKED = "reduced in blocks (CUDA's accuracy)"
 def install(activation):
     if not activation.backend.computes_with_host_kernels:
         return
-    count = activation.count
+    count, compiled = activation.count, activation.compiled
     vector_norm = torch.linalg.vector_norm          # torch's own, which every norm here blocks
-    for owner, name, make in (
-            (torch.linalg, "vector_norm", _vector_norm),
-            (torch.linalg, "norm", _linalg_norm),
-            (torch, "_foreach_norm", _foreach_norm),
-            (torch, "dist", _dist),
-            (torch, "cosine_similarity", _cosine_similarity),
-            (torch.nn.functional, "cosine_similarity", _cosine_similarity),
-            (torch, "dot", _dot), (torch.Tensor, "dot", _dot),
-            (torch, "vdot", _dot), (torch.Tensor, "vdot", _dot),
-            (torch, "mv", _mv), (torch.Tensor, "mv", _mv)):
+    # (owner, name, the Python wrapper, the shortest leading tensor it may block, how many
+    # leading positionals that is read off)
+    for owner, name, make, length, leading in (
+            (torch.linalg, "vector_norm", _vector_norm, NORM_BLOCKED_FROM, 1),
+            (torch.linalg, "norm", _linalg_norm, NORM_BLOCKED_FROM, 1),
+            (torch, "_foreach_norm", _foreach_norm, None, 0),
+            (torch, "dist", _dist, DIST_BLOCKED_FROM, 2),
+            (torch, "cosine_similarity", _cosine_similarity, NORM_BLOCKED_FROM, 1),
+            (torch.nn.functional, "cosine_similarity", _cosine_similarity, NORM_BLOCKED_FROM, 1),
+            *((owner, name, _dot, DOT_BLOCKED_FROM, 2) for owner in (torch, torch.Tensor)
+              for name in ("dot", "vdot")),
+            *((owner, "mv", _mv, DOT_BLOCKED_FROM, 2) for owner in (torch, torch.Tensor))):
         api = f"{getattr(owner, '__name__', owner)}.{name}"
-        activation.replace(owner, name, functools.partial(make, api, count, vector_norm))
+        python = functools.partial(make, api, count, vector_norm)
+        activation.replace(owner, name, python if compiled is None or not leading
+                           else functools.partial(_gated, compiled, python, length, leading))
+
+
+def _gated(compiled, make, length, leading, original):
+    """The Python wrapper behind its compiled gate, which sends calls whose leading tensors
+    are all shorter than ``length`` to torch's function without a Python frame."""
+    python = make(original)
+    return compiled_twin(compiled.LengthGate(original, python, length, leading, torch._C.TensorBase),
+                         python)
 
 
 # --- norms --------------------------------------------------------------------------------

@@ -24,4 +24,6 @@ TWINS: Dict[str, Tuple[str, str]] = {          # type -> (its Python twin, what 
                      "the storages a program put on the device, where that is host memory"),
     "Stay": ("cudashim.patches.residency:install",
              "a move to where a move placed the tensor already, where device memory is host memory"),
+    "LengthGate": ("cudashim.patches.reductions:install",
+                   "a norm or dot cudashim blocks past a length, called shorter"),
 }
