@@ -280,17 +280,17 @@ def print_table(result):
               f"{s['min']:8.0f} ns {row['extra_ns']:+7.0f} ns {row['ratio']:6.2f}  "
               f"{row['median_extra_ns']:+.0f} ns, {s['min']:.0f}-{s['max']:.0f} ns")
     for row in result["training"]:
-        n, s = row["native_ms"], row["shimmed_ms"]
-        print(f"{row['what']:40s} {row['target']:>8s} {'yes' if row['met'] else 'NO':>3s} "
-              f"{n['median']:8.1f} ms {s['median']:8.1f} ms "
-              f"{s['median'] - n['median']:+7.1f} ms {row['ratio']:6.2f}  {s['min']:.1f}-{s['max']:.1f} ms"
-              f"{'' if row['losses_equal'] else '  (losses differ)'}")
+        _print_ms_row(row, ".1f", "" if row["losses_equal"] else "  (losses differ)")
     for row in result["startup"]:
-        n, s = row["native_ms"], row["shimmed_ms"]
-        print(f"{row['what']:40s} {row['target']:>8s} {'yes' if row['met'] else 'NO':>3s} "
-              f"{n['median']:8.0f} ms {s['median']:8.0f} ms {row['extra_ms']:+7.0f} ms "
-              f"{s['median'] / n['median']:6.2f}  {s['min']:.0f}-{s['max']:.0f} ms"
-              f" (median of paired differences {row['paired_extra_ms']:+.0f} ms)")
+        _print_ms_row(row, ".0f", f" (median of paired differences {row['paired_extra_ms']:+.0f} ms)")
+
+
+def _print_ms_row(row, digits, note):
+    """A whole-step or whole-process row: medians, their difference and ratio, the range."""
+    n, s = row["native_ms"], row["shimmed_ms"]
+    print(f"{row['what']:40s} {row['target']:>8s} {'yes' if row['met'] else 'NO':>3s} "
+          f"{n['median']:8{digits}} ms {s['median']:8{digits}} ms {s['median'] - n['median']:+7{digits}} ms "
+          f"{s['median'] / n['median']:6.2f}  {s['min']:{digits}}-{s['max']:{digits}} ms{note}")
 
 
 def main():
