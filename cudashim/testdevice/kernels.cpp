@@ -119,6 +119,18 @@ bool is_optional_generator(const c10::Argument& argument) {
   return *argument.type() == *type;
 }
 
+// The device holds dense strided tensors only, as many vendors' do: a host kernel's sparse,
+// nested or quantized result is refused, as a vendor's missing kernel is, not copied into a
+// strided tensor that would say it is one.
+void refuse_what_the_device_cannot_hold(const c10::FunctionSchema& schema, const at::Tensor& result) {
+  if (!result.defined() || result.device().type() != c10::DeviceType::CPU) return;
+  const char* kind = result.is_nested() ? "nested" : result.is_quantized() ? "quantized"
+                     : result.layout() != at::kStrided ? "sparse" : nullptr;
+  TORCH_CHECK_NOT_IMPLEMENTED(kind == nullptr, "Could not run '", schema.name(), "' on the test ",
+                              "accelerator: its result would be a ", kind, " tensor, and the device ",
+                              "has no ", kind, " tensors");
+}
+
 // Every op without a kernel of its own: torch's CPU kernel, run on the device memory.
 void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
@@ -158,6 +170,9 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   call.settle();
   const auto returned = schema.returns().size();
   auto results = stack->end() - static_cast<std::ptrdiff_t>(returned);
+  for (size_t i = 0; i < returned; ++i) {
+    if (results[i].isTensor()) refuse_what_the_device_cannot_hold(schema, results[i].toTensor());
+  }
   for (size_t i = 0; i < returned; ++i) {
     c10::IValue& value = results[i];
     if (value.isTensor()) {
