@@ -104,6 +104,23 @@ def _cuda_only_ops(device_type: str) -> str:
             f"{missing or 'none: the target has them all'}\n")
 
 
+def _held_layouts(device_type: str) -> str:
+    from .patches import layouts
+
+    held = layouts.layouts_held(device_type)
+    if not held:
+        sparse = f"sparse layouts: '{device_type}' has sparse kernels of its own, or no sparse dispatch keys\n"
+    else:
+        sparse = (f"sparse layouts '{device_type}' has no kernels for: {', '.join(held)} tensors are held in "
+                  f"host memory behind a '{device_type}' tensor and their ops run on the host (said once, "
+                  f"each op counted by the report); CSR, CSC, BSR and BSC are refused by name\n")
+    if not layouts.lacks_nested_tensors(device_type):
+        return sparse
+    return sparse + (f"nested tensors: '{device_type}' has no kernels for them; nn.TransformerEncoder's "
+                     f"nested-tensor path (inference over padded batches) runs its layers on the padded "
+                     f"batch, padded positions zero as that path leaves them\n")
+
+
 def _accelerator_kernels(device_type: str, out) -> None:
     import textwrap
 
@@ -118,6 +135,7 @@ def _accelerator_kernels(device_type: str, out) -> None:
         out(f"ops: '{device_type}' has no dispatch key of its own; its kernels are used as they are\n")
         return
     out(_cuda_only_ops(device_type))
+    out(_held_layouts(device_type))
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     host_only = sorted(name for name in torch._C._dispatch_get_all_op_names()
                        if name.startswith("aten::") and has(name, "CPU") and not has(name, key))

@@ -439,6 +439,54 @@ def test_recurrent_models_train_as_on_the_cpu(tmp_path):
         assert "extension's own fallback runs them on the host" in doctor
 
 
+@pytest.mark.torch_range
+def test_sparse_and_nested_tensors_where_the_target_has_no_kernels_for_them(tmp_path):
+    """Neither target has sparse or nested kernels; without cudashim a sparse tensor dies at its
+    first ``.cuda()`` and a padded batch in the encoder's first layer (tests/programs/layouts.py).
+    - A GCN's sparse adjacency moved with ``.cuda()`` and multiplied in every layer, saved and
+      loaded back, and ``nn.Embedding(sparse=True)`` stepped by SparseAdam: held on the host
+      behind device tensors, as the CPU computes them. (torchvulkan's own embedding kernel
+      refuses ``sparse=True``: the embeddings run on the test accelerator only.)
+    - ``nn.TransformerEncoder`` over padded batches in inference, which torch computes on a
+      nested tensor: the same outputs, padded positions zero as the nested path leaves them."""
+    def seen(target):
+        name = target.name if target else "cpu"
+        embeddings = () if target is VULKAN else ("--embeddings",)
+        run = _run("--report", "tests/programs/layouts.py", str(tmp_path / f"{name}.json"),
+                   *embeddings, target=target)
+        said = [line for line in run.stderr.splitlines() if "are held in host memory" in line]
+        counted = [line for line in run.stderr.splitlines() if "run on the host (torch.sparse_coo" in line]
+        assert len(said) == (1 if target else 0) and bool(counted) == bool(target), run.stderr[-3000:]
+        padded = "its layers on the padded batch" in run.stderr
+        assert padded == bool(target), run.stderr[-3000:]
+        if target:
+            assert "torch.sparse_coo tensors on" in said[0] and "aten::" in said[0]
+            assert any(line.startswith("aten::mm ") for line in counted)
+        return json.loads((tmp_path / f"{name}.json").read_text())
+
+    on_cpu = seen(None)
+    assert on_cpu["rows_changed"] == on_cpu["rows_used"]
+    for target in targets():
+        on_target = seen(target)
+        assert on_target["adj_device"] == target.device(0) and on_target["adj_is_cuda"]
+        assert on_target["adj_layout"] == "torch.sparse_coo" and on_target["adj_nnz"] == on_cpu["adj_nnz"]
+        assert on_target["gcn_losses"] == pytest.approx(on_cpu["gcn_losses"], rel=1e-5), target.name
+        assert on_target["gcn_losses"][-1] < on_target["gcn_losses"][0]
+        assert on_target["rows_summed"] == pytest.approx(on_cpu["rows_summed"], rel=1e-6)
+        assert on_target["reloaded_adj"] == [target.device(0), "torch.sparse_coo", True]
+        assert on_target["host_copy"] == ["cpu", "torch.sparse_coo"]
+        if target is not VULKAN:
+            assert on_target["grad"] == ["torch.sparse_coo", target.device(0)]
+            assert on_target["embedding_losses"] == pytest.approx(on_cpu["embedding_losses"], rel=1e-5)
+            assert on_target["rows_changed"] == on_target["rows_used"] == on_cpu["rows_used"]
+        assert on_target["encoded_device"] == target.device(0)
+        for row, expected in zip(on_target["encoded"], on_cpu["encoded"]):
+            assert row == [pytest.approx(position, abs=1e-5) for position in expected], target.name
+        assert on_target["pooled"] == [pytest.approx(p, abs=1e-5) for p in on_cpu["pooled"]]
+        doctor = _doctor("--kernels", *target.options)
+        assert "sparse COO tensors are held in host memory" in doctor, doctor[:2000]
+
+
 def test_sync_batch_norm_on_two_ranks_normalizes_with_the_whole_batch(tmp_path):
     """SyncBatchNorm's statistics ops are CUDA-only (cudashim's portable kernels on the
     device), and it gathers them into a (1, world * n) tensor as NCCL allows: each rank's

@@ -295,3 +295,22 @@ def test_the_pure_python_setting_fills_gaps_with_python_functions():
     shim.activate("cpu", pure_python=True)
     assert isinstance(torch.abs, types.FunctionType)
     assert torch.equal(torch.abs(torch.tensor([True, False])), torch.tensor([True, False]))
+
+
+def test_sparse_and_nested_layouts_are_served_only_where_the_target_has_no_kernels_for_them():
+    """The CPU has sparse and nested kernels, so the layouts group registers and patches nothing
+    there; a PrivateUse1 device without kernels of its own gets COO's constructors on its sparse
+    key, the conversions on its dense key, and the encoder's padded path."""
+    import cudashim
+    from cudashim.patches import layouts
+    accelerator = torch._C._get_privateuse1_backend_name()
+    assert layouts.missing_kernels("cpu") == {} and not layouts.lacks_nested_tensors("cpu")
+    assert layouts.missing_kernels(accelerator) == {
+        "SparsePrivateUse1": list(layouts.COO_CONSTRUCTORS),
+        "PrivateUse1": list(layouts.CONVERSIONS + layouts.COMPRESSED_CONVERSIONS)}
+    assert layouts.lacks_nested_tensors(accelerator) and layouts.layouts_held(accelerator) == ["sparse COO"]
+    forward, from_mask = torch.nn.TransformerEncoder.forward, torch._nested_tensor_from_mask
+    cudashim.activate("cpu")
+    assert torch.nn.TransformerEncoder.forward is forward and torch._nested_tensor_from_mask is from_mask
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key(
+        f"aten::{layouts.COO_CONSTRUCTORS[0]}", "SparsePrivateUse1")

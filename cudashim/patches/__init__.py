@@ -63,6 +63,7 @@ GROUPS: Tuple[str, ...] = (
     "extensions",      # building a CUDA C++ extension: refused with the way out
     "substitutes",     # flash_attn, xformers, apex, pynvml: stand-ins where the real one fails
     "kernel_gaps",     # what CUDA kernels do and the target's lack: wider dtypes, CUDA-only ops
+    "layouts",         # sparse tensors held on the host where the target has no sparse kernels
     "triton",          # Triton kernels: the target's Triton backend, else Triton's interpreter
     "cuda_module",     # the proxy torch.cuda and its submodules
     "device_module",   # the target's device module answers the torch.cuda names it lacks

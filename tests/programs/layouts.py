@@ -1,0 +1,137 @@
+"""CUDA programs whose tensors are not all dense: a graph convolutional network written as the
+classic GCN scripts write one (the row-normalized adjacency built as a sparse COO tensor on the
+host and moved with ``.cuda()``, each layer ``torch.spmm(adj, input @ weight)``, Adam, the
+adjacency saved with the model and loaded back); node embeddings trained with
+``nn.Embedding(sparse=True)`` and ``SparseAdam`` (``--embeddings``); and a Transformer encoder
+serving padded batches under ``no_grad``, where torch computes on a nested tensor. Writes what
+it saw as JSON (argv[1])."""
+
+import argparse
+import io
+import json
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+NODES, FEATURES, HIDDEN, CLASSES = 40, 12, 16, 3
+
+
+def normalized_adjacency(generator):
+    edges = torch.randint(0, NODES, (2, 120), generator=generator)
+    edges = torch.cat([edges, edges.flip(0), torch.arange(NODES).repeat(2, 1)], dim=1)
+    values = torch.ones(edges.shape[1])
+    adj = torch.sparse_coo_tensor(edges, values, (NODES, NODES)).coalesce()
+    degree = torch.sparse.sum(adj, dim=1).to_dense()
+    row = adj.indices()[0]
+    return torch.sparse_coo_tensor(adj.indices(), adj.values() / degree[row], adj.shape)
+
+
+class GraphConvolution(nn.Module):
+    def __init__(self, inputs, outputs):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(inputs, outputs))
+        self.bias = nn.Parameter(torch.zeros(outputs))
+        nn.init.xavier_uniform_(self.weight)
+
+    def forward(self, x, adj):
+        return torch.spmm(adj, x @ self.weight) + self.bias
+
+
+class GCN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gc1 = GraphConvolution(FEATURES, HIDDEN)
+        self.gc2 = GraphConvolution(HIDDEN, CLASSES)
+
+    def forward(self, x, adj):
+        return F.log_softmax(self.gc2(F.relu(self.gc1(x, adj)), adj), dim=1)
+
+
+def train_gcn(seen):
+    generator = torch.Generator().manual_seed(0)
+    adj = normalized_adjacency(generator)
+    features = torch.randn(NODES, FEATURES, generator=generator)
+    labels = torch.randint(0, CLASSES, (NODES,), generator=generator)
+    torch.manual_seed(0)
+    model = GCN().cuda()
+    adj, features, labels = adj.cuda(), features.cuda(), labels.cuda()
+    seen.update(adj_device=str(adj.device), adj_is_cuda=adj.is_cuda, adj_layout=str(adj.layout),
+                adj_nnz=adj._nnz())
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=5e-4)
+    losses = []
+    for _ in range(8):
+        optimizer.zero_grad()
+        loss = F.nll_loss(model(features, adj), labels)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    seen["gcn_losses"] = losses
+    seen["rows_summed"] = torch.sparse.sum(adj, dim=1).to_dense().cpu().tolist()
+
+    buffer = io.BytesIO()
+    torch.save({"model": model.state_dict(), "adj": adj}, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer)
+    seen["reloaded_adj"] = [str(loaded["adj"].device), str(loaded["adj"].layout),
+                            bool(torch.equal(loaded["adj"].to_dense().cpu(), adj.to_dense().cpu()))]
+    host = adj.cpu()
+    seen["host_copy"] = [str(host.device), str(host.layout)]
+
+
+def train_embeddings(seen):
+    torch.manual_seed(0)
+    embedding = nn.Embedding(NODES, 8, sparse=True).cuda()
+    head = nn.Linear(8, CLASSES).cuda()
+    sparse_optimizer = torch.optim.SparseAdam(list(embedding.parameters()), lr=0.05)
+    dense_optimizer = torch.optim.Adam(head.parameters(), lr=0.05)
+    generator = torch.Generator().manual_seed(1)
+    nodes = torch.randint(0, NODES, (16,), generator=generator).cuda()
+    labels = torch.randint(0, CLASSES, (16,), generator=generator).cuda()
+    before = embedding.weight.detach().cpu().clone()
+    losses = []
+    for _ in range(5):
+        sparse_optimizer.zero_grad()
+        dense_optimizer.zero_grad()
+        loss = F.cross_entropy(head(embedding(nodes)), labels)
+        loss.backward()
+        seen["grad"] = [str(embedding.weight.grad.layout), str(embedding.weight.grad.device)]
+        sparse_optimizer.step()
+        dense_optimizer.step()
+        losses.append(loss.item())
+    seen["embedding_losses"] = losses
+    changed = (embedding.weight.detach().cpu() != before).any(dim=1).nonzero().flatten().tolist()
+    seen["rows_changed"] = changed
+    seen["rows_used"] = sorted(set(nodes.cpu().tolist()))
+
+
+def encode_padded_batches(seen):
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True)
+    encoder = nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(16)).cuda().eval()
+    lengths = torch.tensor([5, 3, 4])
+    tokens = torch.randn(3, 5, 16)
+    padding = torch.arange(5)[None, :] >= lengths[:, None]
+    with torch.no_grad():
+        output = encoder(tokens.cuda(), src_key_padding_mask=padding.cuda())
+    seen["encoded"] = output.cpu().tolist()
+    seen["encoded_device"] = str(output.device)
+    seen["pooled"] = output.mean(dim=1).cpu().tolist()    # over every position, padding too
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--embeddings", action="store_true")
+    args = parser.parse_args()
+    seen = {}
+    train_gcn(seen)
+    if args.embeddings:
+        train_embeddings(seen)
+    encode_padded_batches(seen)
+    with open(args.out, "w") as f:
+        json.dump(seen, f)
+
+
+if __name__ == "__main__":
+    main()
