@@ -82,6 +82,10 @@ class AcceleratorBackend(Backend):
         self._count = self._resolve_count(settings, self._real_count)
         self.shares_devices = self._count > self._real_count
         self._current_index = contextvars.ContextVar("cudashim_shared_device", default=None)
+        # A device whose kernels are the host CPU's says so in its module (the test
+        # accelerator's run torch's CPU kernels on its memory): its dtypes are as fast as the
+        # host's, and its long reductions as inexact.
+        self.computes_with_host_kernels = self._vendor("computes_with_host_kernels") is True
 
     @staticmethod
     def _resolve_count(settings, real: int) -> int:
@@ -165,6 +169,19 @@ class AcceleratorBackend(Backend):
             name=getattr(properties, "name", None) or self.get_device_name(index),
             total_memory=getattr(properties, "total_memory", None) or self.mem_get_info(index)[1],
             major=major, minor=minor, multi_processor_count=1)
+
+    def dtype_speeds(self):
+        if not self.computes_with_host_kernels:
+            return super().dtype_speeds()
+        from . import cpu_speed
+        fast, how_known = cpu_speed.speeds(self.settings.host_profile)
+        return fast, f"the device computes with the host CPU's kernels: {how_known}"
+
+    def float16_matmul_choices(self):
+        if not self.computes_with_host_kernels:
+            return super().float16_matmul_choices()
+        from . import cpu_speed
+        return cpu_speed.matmul_choices(self.settings.host_profile)
 
     def is_bf16_supported(self, including_emulation: bool = True) -> bool:
         """As CUDA answers: True where the device computes bfloat16 natively; else, with

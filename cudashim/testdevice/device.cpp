@@ -95,6 +95,10 @@ struct DeviceStats {
 std::mutex memory_mutex;
 std::map<uintptr_t, Region> regions;                  // by start address
 DeviceStats stats[kMaxDevices];
+// Freed regions kept mapped (PROT_NONE, their pages resident) for the next allocation of the
+// same size, as CUDA's caching allocator keeps its blocks: a fresh mapping costs a page fault
+// per page at its first touch, and unmapping one a TLB flush. empty_cache() unmaps them.
+std::multimap<size_t, uintptr_t> cached[kMaxDevices];  // bytes -> start address
 
 size_t whole_pages(size_t bytes) {
   static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
@@ -110,16 +114,38 @@ std::map<uintptr_t, Region>::iterator region_of(const void* address) {
   return key < it->first + it->second.bytes ? it : regions.end();
 }
 
+// A region handed out (allocated) or given back (freed): the allocation statistics.
 void update(c10::DeviceIndex device, const Region& region, bool allocated) {
   auto& s = stats[device];
-  for (auto* stat : {&s.allocation, &s.segment, &s.active}) {
+  for (auto* stat : {&s.allocation, &s.active}) {
     allocated ? stat->increase(1) : stat->decrease(1);
   }
-  for (auto* stat : {&s.allocated_bytes, &s.reserved_bytes, &s.active_bytes}) {
+  for (auto* stat : {&s.allocated_bytes, &s.active_bytes}) {
     allocated ? stat->increase(region.bytes) : stat->decrease(region.bytes);
   }
   allocated ? s.requested_bytes.increase(region.requested) : s.requested_bytes.decrease(region.requested);
-  allocated ? ++s.num_device_alloc : ++s.num_device_free;
+}
+
+// A mapping made (reserved) or unmapped: the segment statistics.
+void update_segments(c10::DeviceIndex device, size_t bytes, bool reserved) {
+  auto& s = stats[device];
+  reserved ? s.segment.increase(1) : s.segment.decrease(1);
+  reserved ? s.reserved_bytes.increase(bytes) : s.reserved_bytes.decrease(bytes);
+  reserved ? ++s.num_device_alloc : ++s.num_device_free;
+}
+
+// Unmaps a device's cached regions; the caller holds memory_mutex.
+void unmap_cached(c10::DeviceIndex device) {
+  for (auto& [bytes, address] : cached[device]) {
+    munmap(reinterpret_cast<void*>(address), bytes);
+    update_segments(device, bytes, false);
+  }
+  cached[device].clear();
+}
+
+void empty_cache() {
+  std::lock_guard<std::mutex> lock(memory_mutex);
+  for (c10::DeviceIndex device = 0; device < device_count; ++device) unmap_cached(device);
 }
 
 void release(void* address) {
@@ -127,8 +153,13 @@ void release(void* address) {
   std::lock_guard<std::mutex> lock(memory_mutex);
   auto it = regions.find(reinterpret_cast<uintptr_t>(address));
   TORCH_INTERNAL_ASSERT(it != regions.end(), "freeing memory the test accelerator never gave");
-  update(it->second.device, it->second, false);
-  munmap(address, it->second.bytes);
+  Region& region = it->second;
+  update(region.device, region, false);
+  if (region.opened != 0) {         // freed inside a kernel that holds it open: closed for reuse
+    TORCH_CHECK(mprotect(address, region.bytes, PROT_NONE) == 0,
+                "mprotect failed on test accelerator memory: ", std::strerror(errno));
+  }
+  cached[region.device].emplace(region.bytes, it->first);
   regions.erase(it);
 }
 
@@ -191,12 +222,24 @@ struct DeviceMemory final : AllocatorBase {
     c10::Device device(kDevice, current_device);
     if (requested == 0) return {nullptr, nullptr, &release, device};
     size_t bytes = whole_pages(requested);
-    void* address = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     std::lock_guard<std::mutex> lock(memory_mutex);
-    auto allocated = static_cast<size_t>(stats[device.index()].reserved_bytes.current);
-    TORCH_CHECK_WITH(OutOfMemoryError, address != MAP_FAILED && allocated + bytes <= kCapacity,
-                     "out of memory on test accelerator ", device, ": tried to allocate ", requested,
-                     " bytes with ", allocated, " of ", kCapacity, " in use");
+    auto& pool = cached[device.index()];
+    void* address;
+    auto reusable = pool.find(bytes);
+    if (reusable != pool.end()) {
+      address = reinterpret_cast<void*>(reusable->second);
+      pool.erase(reusable);
+    } else {
+      auto& reserved = stats[device.index()].reserved_bytes.current;
+      if (static_cast<size_t>(reserved) + bytes > kCapacity) unmap_cached(device.index());
+      TORCH_CHECK_WITH(OutOfMemoryError, static_cast<size_t>(reserved) + bytes <= kCapacity,
+                       "out of memory on test accelerator ", device, ": tried to allocate ", requested,
+                       " bytes with ", reserved, " of ", kCapacity, " in use");
+      address = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      TORCH_CHECK_WITH(OutOfMemoryError, address != MAP_FAILED, "out of memory on test accelerator ",
+                       device, ": mmap of ", bytes, " bytes failed: ", std::strerror(errno));
+      update_segments(device.index(), bytes, true);
+    }
     Region region{bytes, requested, device.index()};
     regions.emplace(reinterpret_cast<uintptr_t>(address), region);
     update(device.index(), region, true);
@@ -207,7 +250,7 @@ struct DeviceMemory final : AllocatorBase {
 
 #if TESTDEVICE_DEVICE_ALLOCATOR
   bool initialized() override { return device_count > 0; }
-  void emptyCache(c10::MempoolId_t) override {}           // nothing is cached
+  void emptyCache(c10::MempoolId_t) override { empty_cache(); }
   void recordStream(const c10::DataPtr&, c10::Stream) override {}  // streams are synchronous
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
     return torch_stats(device_stats(device));
@@ -522,6 +565,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("reset_accumulated_stats", [](int index) {
     testdevice::reset_accumulated_stats(static_cast<c10::DeviceIndex>(index));
   });
+  module.def("empty_cache", &testdevice::empty_cache, "Unmap the freed memory kept for reuse.");
   module.def("memory_info", [](int index) { return testdevice::memory_info(static_cast<c10::DeviceIndex>(index)); });
   module.def("current_stream", [](int index) {
     auto device = c10::Device(testdevice::kDevice, static_cast<c10::DeviceIndex>(index));

@@ -63,6 +63,11 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
     return True
 
 
+# Its kernels are torch's CPU kernels run on its memory: reduced-precision dtypes are as fast
+# as the host computes them (cudashim's precision policy reads this), long reductions as inexact.
+computes_with_host_kernels = True
+
+
 # --- generators: one per device --------------------------------------------------------
 # The module is imported once the devices are made (testdevice.load).
 default_generators = tuple(_ext().default_generator(i) for i in range(_ext().device_count()))
@@ -153,7 +158,9 @@ def mem_get_info(device=None):
 
 
 def empty_cache() -> None:
-    """Nothing is cached: memory goes back when a tensor is freed."""
+    """Unmap the freed memory the device keeps for reuse (``memory_reserved`` drops to
+    ``memory_allocated``), as torch.cuda.empty_cache() releases the caching allocator's."""
+    _ext().empty_cache()
 
 
 def host_readable(tensor: torch.Tensor) -> bool:
