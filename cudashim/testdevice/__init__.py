@@ -11,6 +11,7 @@ own name (``collectives.py``). Load it with ``python -m cudashim --test-devices 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -52,11 +53,22 @@ def compiled():
             raise BackendUnavailableError(f"the test accelerator cannot be built: {missing}")
         from torch.utils import cpp_extension
         log.info("cudashim: building the test accelerator (cached after the first time)")
-        build = Path(cpp_extension._get_build_directory(BUILD_NAME, verbose=False))
+        build = _build_folder(Path(cpp_extension._get_build_directory(BUILD_NAME, verbose=False)))
         sources = [str(copy) for copy in _sources_in(build) if copy.suffix == ".cpp"]
         _compiled = cpp_extension.load(name=BUILD_NAME, sources=sources, build_directory=str(build),
                                        extra_cflags=["-O1"], verbose=False)
     return _compiled
+
+
+def _build_folder(extensions: Path) -> Path:
+    """A folder of torch's extension cache for these sources alone, named by their hash. Two
+    versions of the sources (a checkout and an installed copy, two checkouts) that shared one
+    folder raced: ninja, started after the other version's build had begun, found that build's
+    objects newer than its own copy of the sources and loaded the other version."""
+    digest = hashlib.sha256(b"".join((HERE / name).read_bytes() for name in SOURCES)).hexdigest()[:16]
+    folder = extensions / digest
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def _sources_in(build: Path):
