@@ -1,9 +1,11 @@
 // The test accelerator: a PrivateUse1 device with memory the host cannot touch.
 //
-// Device memory is whole pages mapped PROT_NONE. A kernel opens the pages of the tensors it
-// is given, runs torch's CPU kernel on host views of them, and closes them again, so host code
-// that reads or writes a device tensor without a copy (a missed .cpu(), .numpy() on a device
-// tensor, a pointer handed to a host library) dies with SIGSEGV instead of silently working.
+// Device memory is whole pages mapped twice: at the address tensors hold, PROT_NONE for good,
+// and at a second address, readable and writable, that only the device's kernels and copies
+// use (``host_address``). A kernel runs torch's CPU kernel on host views over the second
+// mapping, so host code that reads or writes a device tensor without a copy (a missed .cpu(),
+// .numpy() on a device tensor, a pointer handed to a host library) dies with SIGSEGV instead
+// of silently working, and no kernel changes a page's protection.
 //
 // Built from PyTorch's documented PrivateUse1 extension points: a device guard (devices,
 // streams, events), the PrivateUse1 hooks (generators, pinned memory), a DeviceAllocator
@@ -37,6 +39,7 @@
 #endif
 
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -61,7 +64,12 @@ struct Region {
   size_t bytes;              // whole pages
   size_t requested;
   c10::DeviceIndex device;
-  int opened = 0;            // kernels holding it open (threads share weights)
+  uintptr_t host;            // where the host reaches the same pages
+};
+
+// Pages mapped at two addresses: ``device`` PROT_NONE, ``host`` readable and writable.
+struct Mapping {
+  uintptr_t device, host;
 };
 
 // One statistic, kept as torch's caching allocators keep theirs.
@@ -98,7 +106,7 @@ DeviceStats stats[kMaxDevices];
 // Freed regions kept mapped (PROT_NONE, their pages resident) for the next allocation of the
 // same size, as CUDA's caching allocator keeps its blocks: a fresh mapping costs a page fault
 // per page at its first touch, and unmapping one a TLB flush. empty_cache() unmaps them.
-std::multimap<size_t, uintptr_t> cached[kMaxDevices];  // bytes -> start address
+std::multimap<size_t, Mapping> cached[kMaxDevices];    // bytes -> its two addresses
 
 size_t whole_pages(size_t bytes) {
   static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
@@ -136,8 +144,9 @@ void update_segments(c10::DeviceIndex device, size_t bytes, bool reserved) {
 
 // Unmaps a device's cached regions; the caller holds memory_mutex.
 void unmap_cached(c10::DeviceIndex device) {
-  for (auto& [bytes, address] : cached[device]) {
-    munmap(reinterpret_cast<void*>(address), bytes);
+  for (auto& [bytes, mapping] : cached[device]) {
+    munmap(reinterpret_cast<void*>(mapping.device), bytes);
+    munmap(reinterpret_cast<void*>(mapping.host), bytes);
     update_segments(device, bytes, false);
   }
   cached[device].clear();
@@ -155,11 +164,7 @@ void release(void* address) {
   TORCH_INTERNAL_ASSERT(it != regions.end(), "freeing memory the test accelerator never gave");
   Region& region = it->second;
   update(region.device, region, false);
-  if (region.opened != 0) {         // freed inside a kernel that holds it open: closed for reuse
-    TORCH_CHECK(mprotect(address, region.bytes, PROT_NONE) == 0,
-                "mprotect failed on test accelerator memory: ", std::strerror(errno));
-  }
-  cached[region.device].emplace(region.bytes, it->first);
+  cached[region.device].emplace(region.bytes, Mapping{it->first, region.host});
   regions.erase(it);
 }
 
@@ -217,6 +222,26 @@ using AllocatorBase = c10::DeviceAllocator;
 using AllocatorBase = c10::Allocator;
 #endif
 
+// ``bytes`` of fresh device memory: a memory file mapped PROT_NONE where tensors will point,
+// and again readable and writable for the device's kernels. The file is closed at once; the
+// mappings keep its pages.
+Mapping map_twice(size_t bytes, c10::Device device) {
+  int file = static_cast<int>(syscall(SYS_memfd_create, "shimdev", 1u /* MFD_CLOEXEC */));
+  TORCH_CHECK_WITH(OutOfMemoryError, file >= 0 && ftruncate(file, static_cast<off_t>(bytes)) == 0,
+                   "out of memory on test accelerator ", device, ": no memory file of ", bytes,
+                   " bytes: ", std::strerror(errno));
+  void* at_device = mmap(nullptr, bytes, PROT_NONE, MAP_SHARED | MAP_NORESERVE, file, 0);
+  void* at_host = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, file, 0);
+  close(file);
+  if (at_device == MAP_FAILED || at_host == MAP_FAILED) {
+    if (at_device != MAP_FAILED) munmap(at_device, bytes);
+    if (at_host != MAP_FAILED) munmap(at_host, bytes);
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "out of memory on test accelerator ", device, ": mmap of ",
+                     bytes, " bytes failed: ", std::strerror(errno));
+  }
+  return {reinterpret_cast<uintptr_t>(at_device), reinterpret_cast<uintptr_t>(at_host)};
+}
+
 struct DeviceMemory final : AllocatorBase {
   c10::DataPtr allocate(size_t requested) override {
     c10::Device device(kDevice, current_device);
@@ -224,10 +249,10 @@ struct DeviceMemory final : AllocatorBase {
     size_t bytes = whole_pages(requested);
     std::lock_guard<std::mutex> lock(memory_mutex);
     auto& pool = cached[device.index()];
-    void* address;
+    Mapping mapping;
     auto reusable = pool.find(bytes);
     if (reusable != pool.end()) {
-      address = reinterpret_cast<void*>(reusable->second);
+      mapping = reusable->second;
       pool.erase(reusable);
     } else {
       auto& reserved = stats[device.index()].reserved_bytes.current;
@@ -235,14 +260,13 @@ struct DeviceMemory final : AllocatorBase {
       TORCH_CHECK_WITH(OutOfMemoryError, static_cast<size_t>(reserved) + bytes <= kCapacity,
                        "out of memory on test accelerator ", device, ": tried to allocate ", requested,
                        " bytes with ", reserved, " of ", kCapacity, " in use");
-      address = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-      TORCH_CHECK_WITH(OutOfMemoryError, address != MAP_FAILED, "out of memory on test accelerator ",
-                       device, ": mmap of ", bytes, " bytes failed: ", std::strerror(errno));
+      mapping = map_twice(bytes, device);
       update_segments(device.index(), bytes, true);
     }
-    Region region{bytes, requested, device.index()};
-    regions.emplace(reinterpret_cast<uintptr_t>(address), region);
+    Region region{bytes, requested, device.index(), mapping.host};
+    regions.emplace(mapping.device, region);
     update(device.index(), region, true);
+    void* address = reinterpret_cast<void*>(mapping.device);
     return {address, address, &release, device};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
@@ -265,28 +289,20 @@ DeviceMemory device_memory;
 c10::Allocator* const device_allocator = &device_memory;
 REGISTER_ALLOCATOR(kDevice, &device_memory);
 
-// Opens (+1) or closes (-1) the region holding ``address``; false where there is none
-// (host memory, or device memory freed since it was opened).
-bool OpenMemory::change(const void* address, int delta) {
+void* host_address(const void* address) {
   std::lock_guard<std::mutex> lock(memory_mutex);
   auto it = region_of(address);
-  if (it == regions.end()) return false;
-  Region& region = it->second;
-  int before = region.opened;
-  region.opened += delta;
-  if ((before == 0) != (region.opened == 0)) {
-    int protection = region.opened ? PROT_READ | PROT_WRITE : PROT_NONE;
-    TORCH_CHECK(mprotect(reinterpret_cast<void*>(it->first), region.bytes, protection) == 0,
-                "mprotect failed on test accelerator memory: ", std::strerror(errno));
-  }
-  return true;
+  if (it == regions.end()) return nullptr;
+  return reinterpret_cast<void*>(it->second.host + (reinterpret_cast<uintptr_t>(address) - it->first));
+}
+
+void* reachable(const void* address) {
+  void* host = host_address(address);
+  return host != nullptr ? host : const_cast<void*>(address);
 }
 
 void DeviceMemory::copy_data(void* destination, const void* source, std::size_t count) const {
-  OpenMemory memory;
-  memory.open(destination);
-  memory.open(source);
-  std::memcpy(destination, source, count);
+  std::memcpy(reachable(destination), reachable(source), count);
 }
 
 // --- pinned host memory: ordinary memory, remembered so is_pinned() can answer ---------
@@ -526,8 +542,7 @@ void init(int devices) {
 
 bool host_readable(const at::Tensor& tensor) {
   std::lock_guard<std::mutex> lock(memory_mutex);
-  auto it = region_of(tensor.storage().data());
-  return it == regions.end() || it->second.opened > 0;
+  return region_of(tensor.storage().data()) == regions.end();
 }
 
 }  // namespace testdevice

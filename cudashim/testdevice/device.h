@@ -24,25 +24,11 @@ extern c10::Allocator* const device_allocator;       // device memory: PROT_NONE
 
 void check_index(c10::DeviceIndex index);
 
-// Holds device memory open (readable and writable by the host) while it lives.
-class OpenMemory {
- public:
-  OpenMemory() = default;
-  OpenMemory(const OpenMemory&) = delete;
-  OpenMemory& operator=(const OpenMemory&) = delete;
-  ~OpenMemory() {
-    for (const void* address : opened_) change(address, -1);
-  }
-  void open(const void* address) {
-    if (address != nullptr && change(address, +1)) opened_.push_back(address);
-  }
-
- private:
-  // Opens (+1) or closes (-1) the region holding ``address``; false where there is none
-  // (host memory, or device memory freed since it was opened).
-  static bool change(const void* address, int delta);   // device.cpp
-  std::vector<const void*> opened_;
-};
+// Where the host reaches the device memory at ``address``: the same pages mapped a second
+// time, readable and writable, at an address no tensor holds; nullptr for host memory.
+void* host_address(const void* address);
+// ``address`` itself for host memory, else its host address.
+void* reachable(const void* address);
 
 const at::Generator& default_generator(c10::DeviceIndex index);
 // The CPU generator a device generator draws with, handed to CPU kernels in its place.

@@ -1,6 +1,6 @@
 // The test accelerator's kernels: every op runs torch's CPU kernel on host views of the
-// device memory it is given, held open for the call (a boxed fallback, and a few kernels of
-// its own), and autocast runs torch's CUDA lists for the device.
+// device memory it is given, through the memory's host mapping (a boxed fallback, and a few
+// kernels of its own), and autocast runs torch's CUDA lists for the device.
 
 #include "device.h"
 
@@ -19,12 +19,12 @@ at::Tensor tensor_over(const c10::Storage& storage, c10::DispatchKey key, const 
   return made;
 }
 
-// A host storage over a device storage's memory, which the caller keeps open. Resizable with
-// the CPU allocator: a kernel that grows it moves it to host memory, which the call then
-// moves back to the device.
-c10::Storage host_alias(const c10::Storage& storage) {
+// A host storage over a device storage's memory, at its host mapping. Resizable with the CPU
+// allocator: a kernel that grows it moves it to host memory, which the call then moves back
+// to the device.
+c10::Storage host_alias(const c10::Storage& storage, void* memory) {
   return c10::Storage(c10::Storage::use_byte_size_t(), storage.nbytes(),
-                      c10::DataPtr(const_cast<void*>(storage.data()), c10::Device(c10::DeviceType::CPU)),
+                      c10::DataPtr(memory, c10::Device(c10::DeviceType::CPU)),
                       c10::GetCPUAllocator(), /*resizable=*/true);
 }
 
@@ -45,9 +45,9 @@ class HostCall {
     auto* impl = storage.unsafeGetStorageImpl();
     auto found = host_of_.find(impl);
     if (found != host_of_.end()) return found->second.alias;
-    memory_.open(storage.data());
-    auto alias = host_alias(storage);
-    host_of_.emplace(impl, Alias{storage, alias, storage.data()});
+    void* memory = reachable(storage.data());
+    auto alias = host_alias(storage, memory);
+    host_of_.emplace(impl, Alias{storage, alias, memory});
     device_of_.emplace(alias.unsafeGetStorageImpl(), storage);
     return alias;
   }
@@ -63,7 +63,6 @@ class HostCall {
       const c10::Storage& host = alias.alias;
       if (host.data() != alias.memory) {
         move_to_new_memory(alias.storage, host.data(), host.nbytes(), host.nbytes(), alias.storage.device().index());
-        memory_.open(alias.storage.data());
       } else if (host.nbytes() != alias.storage.nbytes()) {
         impl->set_nbytes(host.nbytes());
       }
@@ -95,10 +94,7 @@ class HostCall {
     if (found != device_of_.end()) return found->second;
     c10::DeviceGuard guard(c10::Device(kDevice, index < 0 ? current_device : index));
     c10::Storage made(c10::Storage::use_byte_size_t(), host.nbytes(), device_allocator, /*resizable=*/true);
-    if (host.nbytes() > 0) {
-      memory_.open(made.data());
-      std::memcpy(made.mutable_data(), host.data(), host.nbytes());
-    }
+    if (host.nbytes() > 0) std::memcpy(reachable(made.data()), host.data(), host.nbytes());
     device_of_.emplace(host.unsafeGetStorageImpl(), made);
     return made;
   }
@@ -108,7 +104,6 @@ class HostCall {
     c10::Storage alias;       // the host's view of it
     const void* memory;       // where it was when the call began
   };
-  OpenMemory memory_;         // declared first among the maps it must outlive: closes last
   std::unordered_map<c10::StorageImpl*, Alias> host_of_;
   std::unordered_map<c10::StorageImpl*, c10::Storage> device_of_;
   std::vector<std::pair<at::Tensor, at::Tensor>> arguments_;
