@@ -36,6 +36,7 @@ BENCHMARKS = {
     "data_parallel": (["data_parallel.py", "--steps", "30", "--rounds", "4"], ["--steps", "10", "--rounds", "2"]),
     "copies": (["copies.py"], ["--quick"]),
     "collectives": (["collectives.py"], ["--quick"]),
+    "accelerator_programs": (["accelerator_programs.py"], ["--quick"]),
     "triton_kernels": (["triton_kernels.py"], ["--quick"]),
     "reductions": (["reductions.py"], ["--quick"]),
     "scan": (["scan.py"], ["--files", "200", "--repeats", "1"]),
@@ -283,6 +284,20 @@ def render_collectives(result):
     return "Collectives staged through host memory", lines
 
 
+def render_accelerator_programs(result):
+    lines = ["`python benchmarks/accelerator_programs.py`: programs under cudashim on the test accelerator "
+             "(`--test-devices 2`: torch's CPU kernels on memory the host cannot touch) against the same "
+             "programs on the CPU backend, taking turns; a step without the start-up (the GPT example's "
+             "own timer, else a long run less a short one over the steps between); medians of "
+             f"{result['rows'][0]['rounds']} rounds.", "",
+             "| program | CPU backend | test accelerator | ratio | target | met |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for row in result["rows"]:
+        lines.append(f"| {row['what']} | {ms(row['cpu_ms'])} | {ms(row['device_ms'])} | {row['ratio']:.2f}x | "
+                     f"<= {row['target']:.1f}x | {'yes' if row['met'] else 'no'} |")
+    return "Programs on the test accelerator", lines
+
+
 def render_reductions(result):
     lines = ["`python benchmarks/reductions.py`: long float32 reductions on the CPU backend, torch's own "
              "kernels against cudashim's blocked ones (`cudashim/patches/reductions.py`), each relative "
@@ -315,7 +330,8 @@ def render_reductions(result):
 
 RENDERERS = {"kernels": render_kernels, "overhead": render_overhead, "precision": render_precision,
              "graphs": render_graphs, "data_parallel": render_data_parallel, "copies": render_copies,
-             "collectives": render_collectives, "triton_kernels": render_triton_kernels,
+             "collectives": render_collectives, "accelerator_programs": render_accelerator_programs,
+             "triton_kernels": render_triton_kernels,
              "reductions": render_reductions, "scan": render_scan,
              "scan_agreement": render_scan_agreement}
 
