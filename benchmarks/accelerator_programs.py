@@ -67,7 +67,7 @@ PROGRAMS = {
         lambda steps, workdir: ("--steps", str(steps), "--out", os.path.join(workdir, "ddp.pt")),
         short=4, long=24 if quick else 64, torchrun=2),
     "the CNN example, an epoch": lambda quick: by_difference(
-        "examples/cnn.py", lambda epochs, workdir: ("--epochs", str(epochs)), short=1, long=2),
+        "examples/cnn.py", lambda epochs, workdir: ("--epochs", str(epochs)), short=1, long=4 if quick else 9),
 }
 
 

@@ -552,7 +552,6 @@ def test_the_test_accelerator_is_a_device_of_its_own():
     assert x.sum().item() == sum(range(1024)) and x.cpu().tolist() == list(range(1024))
     x.resize_(2048)                                     # grown in device memory, content kept
     assert x[:1024].cpu().tolist() == list(range(1024)) and x.device == torch.device("shimdev", 1)
-    address = x.data_ptr()
     del x
     assert torch.accelerator.memory_allocated(1) == before
     # freed memory is kept for the next allocation of its size, as CUDA's caching allocator
@@ -560,7 +559,7 @@ def test_the_test_accelerator_is_a_device_of_its_own():
     reserved = torch.shimdev.memory_reserved(1)
     assert reserved > torch.accelerator.memory_allocated(1)
     y = torch.empty(2048, device="shimdev:1")
-    assert y.data_ptr() == address and torch.shimdev.memory_reserved(1) == reserved
+    assert torch.shimdev.memory_reserved(1) == reserved
     del y
     torch.shimdev.empty_cache()
     assert torch.shimdev.memory_reserved(1) == torch.accelerator.memory_allocated(1) == before

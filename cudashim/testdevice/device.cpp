@@ -5,7 +5,9 @@
 // use (``host_address``). A kernel runs torch's CPU kernel on host views over the second
 // mapping, so host code that reads or writes a device tensor without a copy (a missed .cpu(),
 // .numpy() on a device tensor, a pointer handed to a host library) dies with SIGSEGV instead
-// of silently working, and no kernel changes a page's protection.
+// of silently working, and no kernel changes a page's protection. While a kernel runs, the
+// CPU allocator gives its thread device memory at the host mapping (``AllocateOnDevice``),
+// so the kernel's results are made on the device rather than copied there.
 //
 // Built from PyTorch's documented PrivateUse1 extension points: a device guard (devices,
 // streams, events), the PrivateUse1 hooks (generators, pinned memory), a DeviceAllocator
@@ -107,6 +109,7 @@ DeviceStats stats[kMaxDevices];
 // same size, as CUDA's caching allocator keeps its blocks: a fresh mapping costs a page fault
 // per page at its first touch, and unmapping one a TLB flush. empty_cache() unmaps them.
 std::multimap<size_t, Mapping> cached[kMaxDevices];    // bytes -> its two addresses
+std::unordered_map<uintptr_t, uintptr_t> device_of_host;  // host start -> device start, allocated regions
 
 size_t whole_pages(size_t bytes) {
   static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
@@ -165,6 +168,7 @@ void release(void* address) {
   Region& region = it->second;
   update(region.device, region, false);
   cached[region.device].emplace(region.bytes, Mapping{it->first, region.host});
+  device_of_host.erase(region.host);
   regions.erase(it);
 }
 
@@ -265,6 +269,7 @@ struct DeviceMemory final : AllocatorBase {
     }
     Region region{bytes, requested, device.index(), mapping.host};
     regions.emplace(mapping.device, region);
+    device_of_host.emplace(mapping.host, mapping.device);
     update(device.index(), region, true);
     void* address = reinterpret_cast<void*>(mapping.device);
     return {address, address, &release, device};
@@ -303,6 +308,69 @@ void* reachable(const void* address) {
 
 void DeviceMemory::copy_data(void* destination, const void* source, std::size_t count) const {
   std::memcpy(reachable(destination), reachable(source), count);
+}
+
+// --- host memory: torch's own, or the device's while a kernel runs on the device ---------
+
+thread_local c10::DeviceIndex allocating_on = -1;
+c10::DeleterFnPtr host_raw_deleter = nullptr;      // torch's CPU allocator's
+
+// The device start of the region whose host mapping starts at ``host``, or 0.
+uintptr_t device_start_of(void* host) {
+  std::lock_guard<std::mutex> lock(memory_mutex);
+  auto it = device_of_host.find(reinterpret_cast<uintptr_t>(host));
+  return it == device_of_host.end() ? 0 : it->second;
+}
+
+// A host pointer's deleter where it is device memory at its host mapping: the region goes.
+void release_at_host(void* host) {
+  if (uintptr_t device = device_start_of(host)) release(reinterpret_cast<void*>(device));
+}
+
+void do_not_release(void*) {}
+
+// Every pointer this allocator hands out, raw ones too (raw_allocate keeps only the pointer).
+void raw_release(void* pointer) {
+  if (uintptr_t device = device_start_of(pointer)) {
+    release(reinterpret_cast<void*>(device));
+  } else {
+    host_raw_deleter(pointer);
+  }
+}
+
+struct HostMemory final : c10::Allocator {
+  c10::Allocator* host = nullptr;            // torch's CPU allocator
+  c10::DataPtr allocate(size_t bytes) override {
+    if (allocating_on < 0 || bytes == 0) return host->allocate(bytes);
+    c10::DeviceGuard guard(c10::Device(kDevice, allocating_on));
+    c10::DataPtr memory = device_memory.allocate(bytes);
+    void* at_host = host_address(memory.get());
+    memory.release_context();                  // owned by the host pointer from here on
+    return {at_host, at_host, &release_at_host, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &raw_release; }
+  void copy_data(void* destination, const void* source, std::size_t count) const override {
+    std::memcpy(destination, source, count);
+  }
+};
+
+HostMemory host_memory;
+
+AllocateOnDevice::AllocateOnDevice(c10::DeviceIndex device) : outer_(allocating_on) { allocating_on = device; }
+AllocateOnDevice::~AllocateOnDevice() { allocating_on = outer_; }
+
+c10::DataPtr take_device_memory(const c10::Storage& host) {
+  at::DataPtr& pointer = host.unsafeGetStorageImpl()->_mutable_data_ptr_no_checks();
+  if (pointer.get_deleter() != &release_at_host) return {};
+  uintptr_t device = device_start_of(pointer.get());
+  if (device == 0 || !pointer.compare_exchange_deleter(&release_at_host, &do_not_release)) return {};
+  c10::DeviceIndex index;
+  {
+    std::lock_guard<std::mutex> lock(memory_mutex);
+    index = regions.at(device).device;
+  }
+  void* address = reinterpret_cast<void*>(device);
+  return {address, address, &release, c10::Device(kDevice, index)};
 }
 
 // --- pinned host memory: ordinary memory, remembered so is_pinned() can answer ---------
@@ -537,6 +605,9 @@ void init(int devices) {
     device_count = devices;
     at::RegisterPrivateUse1HooksInterface(new Hooks());
     register_autograd_fallback();
+    host_memory.host = c10::GetCPUAllocator();
+    host_raw_deleter = host_memory.host->raw_deleter();
+    c10::SetCPUAllocator(&host_memory, /*priority=*/1);
   }
 }
 

@@ -30,6 +30,24 @@ void* host_address(const void* address);
 // ``address`` itself for host memory, else its host address.
 void* reachable(const void* address);
 
+// While one lives on a thread, the host memory torch allocates there is device memory of
+// ``device`` reached at its host mapping: a kernel's results are made where they will live,
+// not copied there after it returns (``take_device_memory``).
+class AllocateOnDevice {
+ public:
+  explicit AllocateOnDevice(c10::DeviceIndex device);
+  ~AllocateOnDevice();
+  AllocateOnDevice(const AllocateOnDevice&) = delete;
+  AllocateOnDevice& operator=(const AllocateOnDevice&) = delete;
+
+ private:
+  c10::DeviceIndex outer_;
+};
+
+// The device memory under a host storage made while an AllocateOnDevice lived, taken from it
+// (the host storage keeps its pointer and owns nothing); an empty DataPtr for any other storage.
+c10::DataPtr take_device_memory(const c10::Storage& host);
+
 const at::Generator& default_generator(c10::DeviceIndex index);
 // The CPU generator a device generator draws with, handed to CPU kernels in its place.
 at::Generator engine_of(const at::Generator& generator);

@@ -92,6 +92,12 @@ class HostCall {
   c10::Storage to_device(const c10::Storage& host, c10::DeviceIndex index) {
     auto found = device_of_.find(host.unsafeGetStorageImpl());
     if (found != device_of_.end()) return found->second;
+    if (c10::DataPtr memory = take_device_memory(host)) {        // the kernel made it on the device
+      c10::Storage made(c10::Storage::use_byte_size_t(), host.nbytes(), std::move(memory), device_allocator,
+                        /*resizable=*/true);
+      device_of_.emplace(host.unsafeGetStorageImpl(), made);
+      return made;
+    }
     c10::DeviceGuard guard(c10::Device(kDevice, index < 0 ? current_device : index));
     c10::Storage made(c10::Storage::use_byte_size_t(), host.nbytes(), device_allocator, /*resizable=*/true);
     if (host.nbytes() > 0) std::memcpy(reachable(made.data()), host.data(), host.nbytes());
@@ -161,7 +167,10 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       value = engine_of(default_generator(call.device));
     }
   }
-  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  {
+    AllocateOnDevice results_on_the_device(call.device >= 0 ? call.device : current_device);
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  }
   call.settle();
   const auto returned = schema.returns().size();
   auto results = stack->end() - static_cast<std::ptrdiff_t>(returned);
