@@ -287,8 +287,8 @@ def render_collectives(result):
 def render_accelerator_programs(result):
     lines = ["`python benchmarks/accelerator_programs.py`: programs under cudashim on the test accelerator "
              "(`--test-devices 2`: torch's CPU kernels on memory the host cannot touch) against the same "
-             "programs on the CPU backend, taking turns; a step without the start-up (the GPT example's "
-             "own timer, else a long run less a short one over the steps between); medians of "
+             "programs on the CPU backend, taking turns; a step is the median of the program's own "
+             "step timer, its first five steps left out; medians of "
              f"{result['rows'][0]['rounds']} rounds.", "",
              "| program | CPU backend | test accelerator | ratio | target | met |",
              "| --- | --- | --- | --- | --- | --- |"]

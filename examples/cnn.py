@@ -5,6 +5,7 @@
 
 import argparse
 import json
+import time
 
 import torch
 import torch.nn as nn
@@ -13,6 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=3)
 parser.add_argument("--losses", help="write the training losses here as JSON")
+parser.add_argument("--step-times", help="write each step's wall time in seconds here as JSON")
 args = parser.parse_args()
 
 torch.backends.cudnn.benchmark = True
@@ -32,10 +34,11 @@ model = nn.Sequential(
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 criterion = nn.CrossEntropyLoss().cuda()
 
-losses = []
+losses, step_times = [], []
 for epoch in range(args.epochs):
     correct = 0
     for x, y in loader:
+        began = time.perf_counter()
         x, y = x.to(0, non_blocking=True), y.cuda(non_blocking=True)
         optimizer.zero_grad()
         out = model(x)
@@ -44,8 +47,12 @@ for epoch in range(args.epochs):
         optimizer.step()
         losses.append(loss.item())
         correct += (out.argmax(1) == y).sum().item()
+        step_times.append(time.perf_counter() - began)
     torch.cuda.synchronize()
     print(f"epoch {epoch} | loss {losses[-1]:.4f} | accuracy {correct / (len(loader) * 64):.3f}")
 if args.losses:
     with open(args.losses, "w") as f:
         json.dump(losses, f)
+if args.step_times:
+    with open(args.step_times, "w") as f:
+        json.dump(step_times, f)

@@ -2,7 +2,9 @@
 checkpoint on rank 0, destroy the process group."""
 
 import argparse
+import json
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -47,6 +49,7 @@ def main():
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--out", required=True)
     parser.add_argument("--exit-report", help="test instrument: write the threads left at exit")
+    parser.add_argument("--step-times", help="rank 0 writes each step's wall time in seconds here as JSON")
     args = parser.parse_args()
     if args.exit_report:
         import exit_probe
@@ -59,7 +62,9 @@ def main():
     model = DDP(GPT().cuda(), device_ids=[local_rank])
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     scaler = torch.cuda.amp.GradScaler()
+    step_times = []
     for _ in range(args.steps):
+        began = time.perf_counter()
         x = torch.randint(vocab, (4, block_size + 1), device="cuda")
         with torch.autocast("cuda", dtype=torch.float16):
             loss = model(x[:, :-1], x[:, 1:])
@@ -67,6 +72,11 @@ def main():
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
+        loss.item()
+        step_times.append(time.perf_counter() - began)
+    if args.step_times and dist.get_rank() == 0:
+        with open(args.step_times, "w") as f:
+            json.dump(step_times, f)
     if dist.get_rank() == 0:
         torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict()}, args.out)
     dist.destroy_process_group()
