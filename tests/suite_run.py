@@ -11,6 +11,8 @@ test fails.
   keyed by what they are built from (torch, Python, machine and the environment whose torch and
   ninja build them); inductor's compiled code between environments and runs (keyed by torch,
   Python, machine and torch's kernels).
+- Every test process, and every program a test starts, computes on one intra-op thread
+  (``OMP_NUM_THREADS=1`` unless set): the two workers keep the cores busy already.
 """
 
 import hashlib
@@ -58,6 +60,11 @@ def pytest_configure(config):
         # read under ATEN_CPU_CAPABILITY=default fails to compile. A folder for each.
         kernels = os.environ.get("ATEN_CPU_CAPABILITY") or "native"
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(builds / f"inductor-{kernels}"))
+        # One intra-op thread in every test process and the programs they start, as torchrun
+        # gives each rank: the workers already keep every core busy, and a program's OpenMP
+        # threads then spin for cores they do not get (a quarter of the suite's CPU time, in
+        # the example tests). Tests of threaded kernels set their thread counts themselves.
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
     if config.getoption("--pure-python"):
         os.environ[PURE_PYTHON] = "1"
     if config.getoption("--host-profile"):

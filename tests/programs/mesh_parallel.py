@@ -1,7 +1,7 @@
 """Data and tensor parallelism on a 2-D device mesh, written for CUDA as the FSDP2 + TP
 tutorials and the training frameworks write it.
 
-torchrun --nproc-per-node N mesh_parallel.py OUT.json [--rng-only] [--bf16] [--offload]
+torchrun --nproc-per-node N mesh_parallel.py OUT.json [--rng-only] [--then-mixed]
                                           [--save DIR --save-step K | --resume DIR --save-step K]
 
 The mesh is (data, tensor) parallel: tensor parallel over two ranks where there are two, data
@@ -9,10 +9,11 @@ parallel over the rest. Rank 0 writes to OUT.json:
 - ``rng``: DTensor's random ops (seeded by torch.manual_seed, as the frameworks do): replicated
   draws equal on every rank, shards that differ, generators in step afterwards;
 - ``losses``: a few training steps of a tiny transformer (TP plan, SequenceParallel norms,
-  fully_shard over the data-parallel dimension, optionally MixedPrecisionPolicy(bfloat16) and
-  CPUOffloadPolicy), and ``reference``: the same steps of the unsharded model on one device;
+  fully_shard over the data-parallel dimension), and ``reference``: the same steps of the unsharded model on one device;
 - a sharded torch.distributed.checkpoint save at step K, or a resume from one made by a run
-  with another world size.
+  with another world size;
+- ``mixed`` (``--then-mixed``): the same steps trained again afterwards, by the same ranks, from
+  the same weights, with MixedPrecisionPolicy(bfloat16) and CPUOffloadPolicy.
 ``--rng-only`` stops after the random ops (torch before 2.6, whose FSDP2 does not compose with TP).
 """
 
@@ -95,12 +96,12 @@ def tensor_parallel(model, tp_mesh):
         })
 
 
-def parallelized(model, mesh, args):
+def parallelized(model, mesh, bf16, offload):
     tensor_parallel(model, mesh["tp"])
     policy = {}
-    if args.bf16:
+    if bf16:
         policy["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    if args.offload:
+    if offload:
         policy["offload_policy"] = CPUOffloadPolicy()
     for block in model.layers:
         fully_shard(block, mesh=mesh["dp"], **policy)
@@ -180,8 +181,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--rng-only", action="store_true")
-    parser.add_argument("--bf16", action="store_true")
-    parser.add_argument("--offload", action="store_true")
+    parser.add_argument("--then-mixed", action="store_true")
     parser.add_argument("--save")
     parser.add_argument("--resume")
     parser.add_argument("--save-step", type=int, default=3)
@@ -194,7 +194,9 @@ def main():
     mesh = init_device_mesh("cuda", (world // tp, tp), mesh_dim_names=("dp", "tp"))
     seen = {"world": world, "mesh": list(mesh.shape), "rng": random_ops(mesh)}
     if not args.rng_only:
-        seen.update(trained(mesh, args))
+        seen.update(trained(mesh, args, bf16=False, offload=False))
+        if args.then_mixed:
+            seen["mixed"] = trained(mesh, args, bf16=True, offload=True, checkpoints=False)["losses"]
     dist.barrier()
     if dist.get_rank() == 0:
         with open(args.out, "w") as out:
@@ -202,28 +204,31 @@ def main():
     dist.destroy_process_group()
 
 
-def trained(mesh, args):
+def trained(mesh, args, bf16, offload, checkpoints=True):
     """Train the parallelized model and, from the same initial weights, the unsharded one."""
     seen = {}
     torch.manual_seed(0)
     reference = Transformer().cuda()
     model = Transformer().cuda()
     model.load_state_dict(reference.state_dict())
-    model = parallelized(model, mesh, args)
+    model = parallelized(model, mesh, bf16, offload)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     data = batches()
     first, losses = 0, []
-    if args.resume:
+    if args.resume and checkpoints:
         model_state, optimizer_state = get_state_dict(model, optimizer)
         state = {"model": model_state, "optimizer": optimizer_state}
         dcp.load(state, checkpoint_id=args.resume)
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
         first = args.save_step
-    train(model, optimizer, data, first, losses, mesh, (args.save, args.save_step) if args.save else None)
+    save = (args.save, args.save_step) if args.save and checkpoints else None
+    train(model, optimizer, data, first, losses, mesh, save)
     seen["losses"] = losses
     seen["parameter"] = [type(next(model.parameters())).__name__,
                          str(next(model.parameters()).to_local().device)]
 
+    if not checkpoints:
+        return seen
     reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)
     seen["reference"] = []
     train(reference, reference_optimizer, data, 0, seen["reference"])
