@@ -2,7 +2,7 @@
 
 DeepSpeed is not in the suite's environment; tox's ``frameworks`` environment installs a
 release that still ships the 1-bit optimizers (0.16.9) and runs this file. DeepSpeed builds
-its CPU ops (shared-memory allreduce, CPU Adam) with the compiler on first use.
+its CPU ops (shared-memory allreduce, fused Adam, CPU Adam) with the compiler on first use.
 """
 
 import json

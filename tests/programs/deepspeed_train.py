@@ -96,12 +96,6 @@ def train_with(args, optimizer_name, checkpoint):
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     precision = {"enabled": True, "initial_scale_power": 8} if args.dtype == "fp16" else {"enabled": True}
     optimizer = {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01}}
-    if not args.offload_optimizer:
-        # torch's AdamW where DeepSpeed would build its fused Adam: the offloaded optimizer
-        # builds DeepSpeed's CPU Adam, and every run its shared-memory allreduce. A third build,
-        # DeepSpeed's alone on its CPU accelerator with no cudashim code in it, would cost the
-        # suite 80 CPU-seconds.
-        optimizer["params"]["torch_adam"] = True
     if optimizer_name != "AdamW":            # 1-bit: compressed from the fourth step on
         optimizer = {"type": optimizer_name,
                      "params": {"lr": 1e-3, "freeze_step": 3, "var_freeze_step": 3, "cuda_aware": False,
