@@ -55,6 +55,11 @@ NAMES: Dict[str, Name] = {name.path: name for name in (
        "the TF32 flags are not mapped to oneDNN's reduced-precision matmuls: float32 stays "
        "float32, as on a GPU without TF32"),
     # --- private names --------------------------------------------------------------------
+    _n("torch._C._get_graph_executor_optimize", "torchscript", FALLBACK,
+       "scripted code keeps TorchScript's optimizations on the target, and a scripted model "
+       "trained under its autocast may fail in backward, as it does natively on such a device"),
+    _n("torch._C._set_graph_executor_optimize", "torchscript", FALLBACK,
+       "as torch._C._get_graph_executor_optimize"),
     _n("torch._foreach_norm", "reductions", FALLBACK,
        "nothing to patch: a torch without foreach norms takes each gradient's norm in "
        "clip_grad_norm_ with torch.linalg.vector_norm, which is patched"),

@@ -119,6 +119,30 @@ def test_the_gpt_example_trains_checkpoints_and_resumes_as_on_the_cpu(tmp_path):
         assert on_target[-1] < on_target[0]
 
 
+def test_the_convnet_recipe_with_amp_and_a_stream_prefetcher_trains_as_on_the_cpu(tmp_path):
+    """NVIDIA's ConvNets recipe at toy size (tests/programs/convnet_recipe.py): uint8 batches
+    normalized on a side stream, a channels-last ResNet, float16 autocast with a dynamic
+    GradScaler; then the same model from the same weights through TorchScript under autocast,
+    as the recipe's EfficientNet runs with --jit script. Each target learns what the CPU learns,
+    within the rounding of the reduced precision each computes in (the CPU and the test
+    accelerator take the host's choice, torchvulkan float16). Before the torchscript group ran
+    graphs unoptimized on such devices, the scripted model failed in linear's backward on both
+    ("expected m1 and m2 to have the same dtype")."""
+    def trained(target):
+        name = target.name if target else "cpu"
+        _run("tests/programs/convnet_recipe.py", str(tmp_path / f"{name}.json"), "--script", "--steps", "4",
+             target=target)
+        seen = json.loads((tmp_path / f"{name}.json").read_text())
+        assert seen["device"] == (target.device(0) if target else "cpu") and seen["is_cuda"], seen
+        assert seen["channels_last"], seen
+        assert seen["scripted_losses"] == pytest.approx(seen["losses"], rel=1e-2), name
+        return seen["losses"]
+
+    on_cpu = trained(None)
+    for target in targets():
+        assert trained(target) == pytest.approx(on_cpu, rel=3e-2), target.name
+
+
 @pytest.mark.torch_range
 def test_ddp_on_two_ranks_trains_as_on_the_cpu(tmp_path):
     """NCCL becomes the target's library (collectives staged through host memory on vulkan,

@@ -9,6 +9,15 @@ torch holds (an annotation made before activation names the real class). Compile
 runs in C++, so the CUDA devices it names are rewritten in each graph as it is compiled
 (TorchScript's emit hooks) or loaded (``torch.jit.load``).
 
+On a target other than the CPU, scripted code runs unoptimized, each op recording its own
+autograd node as eager code does. TorchScript's autocast pass puts the casts into a graph for
+CUDA and the CPU only; on any other device eager autocast casts inside each op, while the
+optimized graph's backward formulas read the op's inputs as they were before the cast: a
+scripted model trained under the target's autocast failed in linear's backward ("expected m1
+and m2 to have the same dtype", NVIDIA's EfficientNet recipe with ``--jit script``). The
+optimizations given up there are the fusers, which generate code for CUDA and the CPU only,
+and the grouping of a graph's autograd nodes.
+
 This group goes first: the builtin table must hear of every replacement the others make.
 """
 
@@ -19,6 +28,7 @@ import torch
 import torch.jit._builtins
 import torch.jit.annotations
 
+from .. import torch_names
 from ..patching.class_proxy import real_class
 from ..patching.rewriter import DEVICE, rewrite, rewritten
 from . import _graphs
@@ -38,6 +48,22 @@ def install(activation):
     activation.registry.set_attr(torch.jit._serialization, "load", load)
     if torch.jit.load is original_load:
         activation.registry.set_attr(torch.jit, "load", load)
+    if activation.backend.device_type not in AUTOCAST_PASS_DEVICES:
+        _run_graphs_unoptimized(activation.registry)
+
+
+# The devices TorchScript's autocast pass casts for inside a graph (torch/csrc/jit/passes/autocast.cpp).
+AUTOCAST_PASS_DEVICES = ("cuda", "cpu")
+
+
+def _run_graphs_unoptimized(registry):
+    get = torch_names.get("torch._C._get_graph_executor_optimize", None)
+    set_ = torch_names.get("torch._C._set_graph_executor_optimize", None)
+    if get is None or set_ is None:
+        return
+    was = get()
+    set_(False)
+    registry.add_undo("TorchScript's graph executor optimizes again", lambda: set_(was))
 
 
 def _follow_replacements_in_builtin_table(registry):
