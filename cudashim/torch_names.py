@@ -150,7 +150,6 @@ NAMES: Dict[str, Name] = {name.path: name for name in (
         ("torch.Tensor._make_wrapper_subclass", "layouts", "a sparse tensor of the device held on the host"),
         ("torch._utils._rebuild_sparse_tensor", "layouts", "a held sparse tensor saved as CUDA saves one"),
         ("torch._nested_tensor_from_mask", "layouts", "where TransformerEncoder's nested path begins"),
-        ("torch.utils.cpp_extension._get_build_directory", "testdevice", "where the test accelerator builds"),
     )),
     _n("torch._C._is_key_in_tls", "autograd_exit", FALLBACK,
        "nothing to set aside: a torch without it stashes no Python state for its backward threads"),

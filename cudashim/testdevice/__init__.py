@@ -1,7 +1,7 @@
 """cudashim's test accelerator: a device with memory of its own, on any machine.
 
-A PrivateUse1 backend (``device.cpp`` and ``kernels.cpp``) compiled here on first use and cached by torch's
-extension builder. Its memory is pages the host cannot read or write outside the device's
+A PrivateUse1 backend (``device.cpp`` and ``kernels.cpp``) compiled here on first use and kept in torch's
+extension folder. Its memory is pages the host cannot read or write outside the device's
 own kernels, so on it a CUDA program's missed copy fails loudly where the CPU backend hides
 it. It has ``N`` devices (default 2), a generator, streams, events and memory statistics per
 device, pinned host memory, autocast for float16 and bfloat16, and a collective library of its
@@ -12,9 +12,11 @@ own name (``collectives.py``). Load it with ``python -m cudashim --test-devices 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import logging
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import torch
@@ -26,6 +28,8 @@ DEFAULT_DEVICES = 2
 HERE = Path(__file__).parent
 SOURCES = ("device.h", "device.cpp", "kernels.cpp")
 BUILD_NAME = "cudashim_testdevice"
+CFLAGS = ("-O1",)
+BUILT = "built"                  # written once a load in the build folder has succeeded
 
 log = logging.getLogger(__name__)
 _compiled = None
@@ -45,28 +49,53 @@ def why_it_cannot_build():
 
 
 def compiled():
-    """The compiled extension: built on first use, then loaded from torch's extension cache."""
+    """The compiled extension: built on first use, then loaded from its build folder."""
     global _compiled
     if _compiled is None:
-        missing = why_it_cannot_build()
-        if missing:
-            raise BackendUnavailableError(f"the test accelerator cannot be built: {missing}")
-        from torch.utils import cpp_extension
-        log.info("cudashim: building the test accelerator (cached after the first time)")
-        build = _build_folder(Path(cpp_extension._get_build_directory(BUILD_NAME, verbose=False)))
-        sources = [str(copy) for copy in _sources_in(build) if copy.suffix == ".cpp"]
-        _compiled = cpp_extension.load(name=BUILD_NAME, sources=sources, build_directory=str(build),
-                                       extra_cflags=["-O1"], verbose=False)
+        build = _build_folder()
+        _compiled = _built_before(build) or _build(build)
     return _compiled
 
 
-def _build_folder(extensions: Path) -> Path:
-    """A folder of torch's extension cache for these sources alone, named by their hash. Two
-    versions of the sources (a checkout and an installed copy, two checkouts) that shared one
-    folder raced: ninja, started after the other version's build had begun, found that build's
-    objects newer than its own copy of the sources and loaded the other version."""
-    digest = hashlib.sha256(b"".join((HERE / name).read_bytes() for name in SOURCES)).hexdigest()[:16]
-    folder = extensions / digest
+def _build(build: Path):
+    missing = why_it_cannot_build()
+    if missing:
+        raise BackendUnavailableError(f"the test accelerator cannot be built: {missing}")
+    from torch.utils import cpp_extension
+    log.info("cudashim: building the test accelerator (cached after the first time)")
+    sources = [str(copy) for copy in _sources_in(build) if copy.suffix == ".cpp"]
+    extension = cpp_extension.load(name=BUILD_NAME, sources=sources, build_directory=str(build),
+                                   extra_cflags=list(CFLAGS), verbose=False)
+    (build / BUILT).write_text(f"{torch.__version__}\n")
+    return extension
+
+
+def _built_before(build: Path):
+    """The extension a load in this folder built before, imported without torch's builder:
+    importing that builder alone takes about 130 ms (setuptools), and its check that the
+    build is current another 25 ms, in every process that uses the test accelerator. The
+    folder's name already holds all a rebuild would follow."""
+    library = build / f"{BUILD_NAME}.so"
+    if not (build / BUILT).exists() or not library.exists():
+        return None
+    spec = importlib.util.spec_from_file_location(BUILD_NAME, library)
+    extension = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(extension)
+    return extension
+
+
+def _build_folder() -> Path:
+    """A folder for these sources built for this torch and this Python alone, named by their
+    hash, under torch's extension folder (``TORCH_EXTENSIONS_DIR``, else the user's cache).
+    Two versions of the sources (a checkout and an installed copy, two checkouts) that shared
+    one folder raced: ninja, started after the other version's build had begun, found that
+    build's objects newer than its own copy of the sources and loaded the other version."""
+    key = hashlib.sha256(b"".join((HERE / name).read_bytes() for name in SOURCES))
+    key.update(" ".join((torch.__version__, getattr(torch.version, "git_version", ""), sys.version,
+                         *CFLAGS)).encode())
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or \
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "torch_extensions"
+    folder = Path(root) / BUILD_NAME / key.hexdigest()[:16]
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
