@@ -147,13 +147,15 @@ def test_the_convnet_recipe_with_amp_and_a_stream_prefetcher_trains_as_on_the_cp
 def test_ddp_on_two_ranks_trains_as_on_the_cpu(tmp_path):
     """NCCL becomes the target's library (collectives staged through host memory on vulkan,
     shimccl on the test accelerator); each rank's set_device(local_rank) lands on its device
-    (both on vulkan's one)."""
+    (both on vulkan's one). On the targets the optimizer's state is sharded over the ranks
+    (ZeroRedundancyOptimizer, as llm.c's GPT-2 trainer shards it) and gathered on rank 0 at the
+    end: its steps train as plain DDP's on the CPU."""
     import torch
 
     def weights(target):
         name = target.name if target else "cpu"
         result = torchrun("tests/programs/ddp_train.py", "--epochs", "1", "--batch-size", "32",
-                          "--out", str(tmp_path / f"{name}.pt"),
+                          "--out", str(tmp_path / f"{name}.pt"), *(("--zero",) if target else ()),
                           shim_options=target.options if target else (), timeout=600)
         assert result.returncode == 0, result.stderr[-4000:]
         return torch.load(tmp_path / f"{name}.pt", map_location="cpu")      # tagged with the device
@@ -632,10 +634,12 @@ def test_the_backend_contract_holds_on_the_test_accelerator():
     check_contract(cls(load()), "shimdev")
 
 
-def test_the_test_accelerator_says_what_it_needs_where_it_cannot_be_built(monkeypatch):
+def test_the_test_accelerator_says_what_it_needs_where_it_cannot_be_built(monkeypatch, tmp_path):
+    """Where no build of it exists yet (a build made before loads without a compiler)."""
     from cudashim import testdevice
     from cudashim.errors import BackendUnavailableError
     monkeypatch.setenv("CXX", "no-such-compiler")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     monkeypatch.setattr(testdevice, "_compiled", None)
     with pytest.raises(BackendUnavailableError, match=r"^the test accelerator cannot be built: no C\+\+ compiler "
                                                       r"\('no-such-compiler' is not on PATH; install g\+\+ or set CXX\)$"):

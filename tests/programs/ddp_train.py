@@ -13,6 +13,9 @@ parser.add_argument("--batch-size", type=int, default=8)
 parser.add_argument("--epochs", type=int, default=3)
 parser.add_argument("--out", required=True)
 parser.add_argument("--tcp", action="store_true", help="tcp:// rendezvous instead of env://")
+parser.add_argument("--zero", action="store_true",
+                    help="shard the optimizer's state over the ranks (ZeroRedundancyOptimizer), as llm.c's "
+                         "GPT-2 trainer does, and gather it on rank 0 at the end")
 args = parser.parse_args()
 
 local_rank = int(os.environ["LOCAL_RANK"])
@@ -31,7 +34,11 @@ model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.L
 model = DDP(model, device_ids=[local_rank], output_device=local_rank)
 sampler = DistributedSampler(data, shuffle=False)
 loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler, pin_memory=True)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+if args.zero:
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, lr=0.05, momentum=0.9)
+else:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
 for epoch in range(args.epochs):
     sampler.set_epoch(epoch)
@@ -52,6 +59,13 @@ dist.reduce_scatter_tensor(part, torch.arange(world, dtype=torch.float32, device
 assert t.tolist() == [world * (world + 1) / 2] * 4 and part.item() == rank * world
 dist.barrier(device_ids=[local_rank])
 
+if args.zero:
+    optimizer.consolidate_state_dict(to=0)         # each rank's shard of the momentum, on rank 0's host
+    if rank == 0:
+        state = optimizer.state_dict()["state"]
+        assert len(state) == len(list(model.parameters())), state.keys()
+        momentum = [entry["momentum_buffer"] for entry in state.values()]
+        assert all(buffer.device.type == "cpu" and buffer.abs().sum() > 0 for buffer in momentum), momentum
 if rank == 0:
     torch.save(model.module.state_dict(), args.out)
 dist.destroy_process_group()
