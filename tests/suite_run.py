@@ -15,7 +15,6 @@ test fails.
   (``OMP_NUM_THREADS=1`` unless set): the two workers keep the cores busy already.
 """
 
-import hashlib
 import json
 import os
 import platform
@@ -55,7 +54,7 @@ def pytest_configure(config):
         builds = suite_cache() / "builds" / (
             f"torch-{_torch_version()}-py{sys.version_info[0]}{sys.version_info[1]}-{platform.machine()}")
         os.environ.setdefault("TORCH_EXTENSIONS_DIR",
-                              str(extension_builds(builds / f"extensions-{_environment_key()}")))
+                              str(extension_builds(builds / "extensions")))
         # Inductor's cache does not key its code by torch's kernels: code made for AVX-512 and
         # read under ATEN_CPU_CAPABILITY=default fails to compile. A folder for each.
         kernels = os.environ.get("ATEN_CPU_CAPABILITY") or "native"
@@ -88,22 +87,17 @@ def _torch_version() -> str:
     return version("torch")
 
 
-def _environment_key() -> str:
-    """The environment the extension builds are for. Their build commands name its torch's
-    headers and libraries, and its ninja runs them: environments sharing one folder rebuilt
-    each extension in turn (py, hosts, frameworks; a checkout in another folder), as ninja
-    reads every command as changed. Inductor's cache needs no key: it files code by a hash of
-    its source and command."""
-    digest = hashlib.sha1(os.path.realpath(sys.prefix).encode()).hexdigest()[:8]
-    return f"{Path(sys.prefix).name}-{digest}"
-
-
 def extension_builds(folder: Path) -> Path:
-    """``folder`` made, with the locks of killed builds in it cleared. Torch rebuilds an
-    extension in it when its sources or flags change (it hashes them), and the folder's name
-    holds the torch, Python, machine and environment the builds are for."""
+    """``folder`` made, with the locks of killed builds in it cleared (torch's builds lock
+    ``NAME/lock``, the test accelerator's ``NAME/HASH/lock``). One folder for every environment
+    with the same torch, Python and machine, in every checkout: the test accelerator files each
+    build by a hash of its sources and the torch it is for, and loads one made before without a
+    build command, so a fresh clone's environments take the build an earlier one made (40
+    CPU-seconds each, and the other worker's wait on its lock). DeepSpeed's CPU ops, which only
+    the frameworks environment builds, are built again by each new environment whatever the
+    folder: pip installs torch's headers and DeepSpeed's sources newer than any object."""
     folder.mkdir(parents=True, exist_ok=True)
-    for lock in folder.glob("*/lock"):
+    for lock in (*folder.glob("*/lock"), *folder.glob("*/*/lock")):
         try:
             if time.time() - lock.stat().st_mtime > STALE_BUILD_LOCK:
                 lock.unlink()
