@@ -111,9 +111,10 @@ def _held_layouts(device_type: str) -> str:
     if not held:
         sparse = f"sparse layouts: '{device_type}' has sparse kernels of its own, or no sparse dispatch keys\n"
     else:
-        sparse = (f"sparse layouts '{device_type}' has no kernels for: {', '.join(held)} tensors are held in "
-                  f"host memory behind a '{device_type}' tensor and their ops run on the host (said once, "
-                  f"each op counted by the report); CSR, CSC, BSR and BSC are refused by name\n")
+        sparse = (f"sparse layouts '{device_type}' has no kernels for: {' and '.join(held)}. Their ops run "
+                  f"on the host, their results moved back (said once, each op counted by the report): "
+                  f"COO tensors are held in host memory behind a '{device_type}' tensor, compressed ones "
+                  f"keep their index and value tensors on '{device_type}'\n")
     if not layouts.lacks_nested_tensors(device_type):
         return sparse
     return sparse + (f"nested tensors: '{device_type}' has no kernels for them; nn.TransformerEncoder's "

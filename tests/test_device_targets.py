@@ -474,8 +474,12 @@ def test_sparse_and_nested_tensors_where_the_target_has_no_kernels_for_them(tmp_
       loaded back, and ``nn.Embedding(sparse=True)`` stepped by SparseAdam: held on the host
       behind device tensors, as the CPU computes them. (torchvulkan's own embedding kernel
       refuses ``sparse=True``: the embeddings run on the test accelerator only.)
+    - The same GCN over a CSR adjacency, a weight made BSR and CSC on the device, an in-place
+      scale, a checkpoint: their parts on the device, their ops computed on the host.
     - ``nn.TransformerEncoder`` over padded batches in inference, which torch computes on a
       nested tensor: the same outputs, padded positions zero as the nested path leaves them."""
+    import torch
+
     def seen(target):
         name = target.name if target else "cpu"
         embeddings = () if target is VULKAN else ("--embeddings",)
@@ -484,6 +488,12 @@ def test_sparse_and_nested_tensors_where_the_target_has_no_kernels_for_them(tmp_
         said = [line for line in run.stderr.splitlines() if "are held in host memory" in line]
         counted = [line for line in run.stderr.splitlines() if "run on the host (torch.sparse_coo" in line]
         assert len(said) == (1 if target else 0) and bool(counted) == bool(target), run.stderr[-3000:]
+        said_compressed = [line for line in run.stderr.splitlines()
+                           if "has no kernels for sparse compressed tensors" in line]
+        assert len(said_compressed) == (1 if target else 0), run.stderr[-3000:]
+        counted_compressed = [line for line in run.stderr.splitlines()
+                              if line.startswith("aten::mm on torch.sparse_csr ")]
+        assert bool(counted_compressed) == bool(target), run.stderr[-3000:]
         padded = "its layers on the padded batch" in run.stderr
         assert padded == bool(target), run.stderr[-3000:]
         if target:
@@ -493,6 +503,9 @@ def test_sparse_and_nested_tensors_where_the_target_has_no_kernels_for_them(tmp_
 
     on_cpu = seen(None)
     assert on_cpu["rows_changed"] == on_cpu["rows_used"]
+    assert on_cpu["csr_losses"][-1] < on_cpu["csr_losses"][0]
+    assert on_cpu["bsr_linear"] == [[pytest.approx(v, rel=1e-4, abs=1e-5) for v in row] for row in on_cpu["dense_linear"]]
+    assert on_cpu["scaled"][0] == pytest.approx(2 * on_cpu["scaled"][1], rel=1e-5)
     for target in targets():
         on_target = seen(target)
         assert on_target["adj_device"] == target.device(0) and on_target["adj_is_cuda"]
@@ -506,12 +519,28 @@ def test_sparse_and_nested_tensors_where_the_target_has_no_kernels_for_them(tmp_
             assert on_target["grad"] == ["torch.sparse_coo", target.device(0)]
             assert on_target["embedding_losses"] == pytest.approx(on_cpu["embedding_losses"], rel=1e-5)
             assert on_target["rows_changed"] == on_target["rows_used"] == on_cpu["rows_used"]
+        device = target.device(0)
+        assert on_target["csr"] == [device, "torch.sparse_csr", device, on_cpu["csr"][3]]
+        assert on_target["csr_losses"] == pytest.approx(on_cpu["csr_losses"], rel=1e-5), target.name
+        assert on_target["bsr"] == [device, "torch.sparse_bsr", device, on_cpu["bsr"][3]]
+        assert on_target["bsr_linear"] == [[pytest.approx(v, rel=1e-4, abs=1e-5) for v in row]
+                                           for row in on_cpu["bsr_linear"]]
+        assert on_target["csc"] == [device, "torch.sparse_csc", True]
+        assert on_target["scaled"][:2] == pytest.approx(on_cpu["scaled"][:2], rel=1e-5)
+        assert on_target["scaled"][2] == device
+        assert on_target["reloaded_csr"] == [device, "torch.sparse_csr", True]
+        assert on_target["host_csr"] == ["cpu", "torch.sparse_csr", True]
+        # saved as CUDA saves a CSR tensor: this process, without cudashim, loads it to the host
+        saved = torch.load(tmp_path / f"{target.name}.json.csr.pt", map_location="cpu", weights_only=False)["adj"]
+        assert saved.layout is torch.sparse_csr and saved.device.type == "cpu"
+        assert torch.equal(saved.to_dense(), torch.load(tmp_path / "cpu.json.csr.pt")["adj"].to_dense())
         assert on_target["encoded_device"] == target.device(0)
         for row, expected in zip(on_target["encoded"], on_cpu["encoded"]):
             assert row == [pytest.approx(position, abs=1e-5) for position in expected], target.name
         assert on_target["pooled"] == [pytest.approx(p, abs=1e-5) for p in on_cpu["pooled"]]
         doctor = _doctor("--kernels", *target.options)
-        assert "sparse COO tensors are held in host memory" in doctor, doctor[:2000]
+        assert "COO tensors are held in host memory" in doctor, doctor[:2000]
+        assert "compressed ones keep their index and value tensors on" in doctor, doctor[:2000]
 
 
 def test_sync_batch_norm_on_two_ranks_normalizes_with_the_whole_batch(tmp_path):

@@ -300,7 +300,8 @@ def test_the_pure_python_setting_fills_gaps_with_python_functions():
 def test_sparse_and_nested_layouts_are_served_only_where_the_target_has_no_kernels_for_them():
     """The CPU has sparse and nested kernels, so the layouts group registers and patches nothing
     there; a PrivateUse1 device without kernels of its own gets COO's constructors on its sparse
-    key, the conversions on its dense key, and the encoder's padded path."""
+    key, the conversions on its dense key, every compressed op on its SparseCsr key, and the
+    encoder's padded path."""
     import cudashim
     from cudashim.patches import layouts
     accelerator = torch._C._get_privateuse1_backend_name()
@@ -308,9 +309,25 @@ def test_sparse_and_nested_layouts_are_served_only_where_the_target_has_no_kerne
     assert layouts.missing_kernels(accelerator) == {
         "SparsePrivateUse1": list(layouts.COO_CONSTRUCTORS),
         "PrivateUse1": list(layouts.CONVERSIONS + layouts.COMPRESSED_CONVERSIONS)}
-    assert layouts.lacks_nested_tensors(accelerator) and layouts.layouts_held(accelerator) == ["sparse COO"]
+    assert layouts.lacks_nested_tensors(accelerator)
+    assert layouts.layouts_held(accelerator) == ["sparse COO", "CSR, CSC, BSR and BSC"]
+    assert layouts.missing_compressed_kernels("cpu") == []
+    assert "crow_indices" in layouts.missing_compressed_kernels(accelerator)
     forward, from_mask = torch.nn.TransformerEncoder.forward, torch._nested_tensor_from_mask
     cudashim.activate("cpu")
     assert torch.nn.TransformerEncoder.forward is forward and torch._nested_tensor_from_mask is from_mask
     assert not torch._C._dispatch_has_kernel_for_dispatch_key(
         f"aten::{layouts.COO_CONSTRUCTORS[0]}", "SparsePrivateUse1")
+
+
+@pytest.mark.torch_range
+def test_the_compressed_layouts_table_has_every_op_torch_computes_on_them():
+    """Every op this torch has a host kernel for on the compressed layouts (its ``SparseCsrCPU``
+    key) is in the table a target without them gets a kernel from: the next torch's new one
+    fails here, not in a program."""
+    from cudashim.tables import compressed_layouts
+    on_them = {name[len("aten::"):] for name in torch._C._dispatch_get_all_op_names()
+               if name.startswith("aten::")
+               and torch._C._dispatch_has_kernel_for_dispatch_key(name, "SparseCsrCPU")}
+    assert on_them and on_them <= set(compressed_layouts.OPS), sorted(on_them - set(compressed_layouts.OPS))
+    assert set(compressed_layouts.ON_THE_DEVICE) <= set(compressed_layouts.OPS)

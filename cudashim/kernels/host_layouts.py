@@ -28,6 +28,8 @@ from typing import Callable, Optional
 import torch
 from torch.utils._pytree import tree_map
 
+from .host_compressed import is_compressed, made_from
+
 _real_device = torch._C.device     # torch.device may be patched: compare with the real class
 
 
@@ -109,6 +111,8 @@ def make_host_held(device_type: str, observe: Optional[Callable[[str, torch.layo
                 return original
             if value.layout is torch.strided:
                 return value.to(device)
+            if is_compressed(value):                    # made on the device from its parts
+                return made_from(value, device)
             return HostHeld(value, device)
 
         return tree_map(to_device, result)

@@ -9,11 +9,16 @@ layouts the target has none for (and only for ops it has no kernel of its own fo
   a COO tensor on the device;
 - on its dense key, the conversion of a device tensor (``to_sparse``).
 
-The compressed layouts (CSR, CSC, BSR, BSC) are not held: their conversions are refused with
-what to do instead.
+Each makes a ``HostHeld``; ops on one run on the host from then on.
 
-Each makes a ``HostHeld``; ops on one run on the host from then on. The first op run there is
-named by one warning; the report counts each.
+The compressed layouts (CSR, CSC, BSR, BSC) need no holding: torch makes them on any device,
+from parts that are the device's own dense tensors (``kernels/host_compressed.py``). Every op
+torch has a host kernel for on them (``tables/compressed_layouts.py``) gets a kernel on the
+target's ``SparseCsr`` key, and the conversions to them one on its dense key: the ops that only
+touch the tensor's parts run on the device, the rest on the host.
+
+The first op of each kind of layout run on the host is named by one warning; the report counts
+each.
 """
 
 from __future__ import annotations
@@ -26,14 +31,13 @@ from typing import Dict, List
 import torch
 
 from ..errors import warn_once
+from ..kernels import host_compressed
 from ..kernels.host_layouts import make_host_held
+from ..tables import compressed_layouts
 from .kernel_gaps import dispatch_key
 
 COO_CONSTRUCTORS = ("_sparse_coo_tensor_with_dims_and_tensors", "_sparse_coo_tensor_with_dims")
 CONVERSIONS = ("_to_sparse", "_to_sparse.sparse_dim")
-# To the compressed layouts (CSR, CSC, BSR, BSC): torch keeps their layout in a tensor type of
-# its own (SparseCsrTensorImpl), which no Python tensor can stand for, so they are refused
-# here by name rather than made into a tensor no op of the target can read.
 COMPRESSED_CONVERSIONS = ("_to_sparse_csr", "_to_sparse_csc", "_to_sparse_bsr", "_to_sparse_bsc")
 
 
@@ -59,10 +63,25 @@ def missing_kernels(device_type: str) -> Dict[str, List[str]]:
     return {k: ops for k, ops in missing.items() if ops}
 
 
+def missing_compressed_kernels(device_type: str) -> List[str]:
+    """The ops on the compressed layouts torch has host kernels for and ``device_type``'s
+    ``SparseCsr`` key has none for: empty where it has kernels of its own (the CPU, CUDA)."""
+    key = dispatch_key(device_type)
+    if key is None or not hasattr(torch._C.DispatchKey, f"SparseCsr{key}"):
+        return []
+    compressed_key = f"SparseCsr{key}"
+    if torch._C._dispatch_has_kernel_for_dispatch_key("aten::crow_indices", compressed_key):
+        return []                        # the target's own compressed kernels
+    return [op for op in compressed_layouts.OPS
+            if torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{op}", "SparseCsrCPU")
+            and not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{op}", compressed_key)]
+
+
 def layouts_held(device_type: str) -> List[str]:
-    """The layouts ``device_type`` holds on the host (for ``doctor --kernels``)."""
+    """The layouts whose ops ``device_type`` runs on the host (for ``doctor --kernels``)."""
     missing = missing_kernels(device_type)
-    return ["sparse COO"] if any(k.startswith("Sparse") for k in missing) else []
+    held = ["sparse COO"] if any(k.startswith("Sparse") for k in missing) else []
+    return held + (["CSR, CSC, BSR and BSC"] if missing_compressed_kernels(device_type) else [])
 
 
 def lacks_nested_tensors(device_type: str) -> bool:
@@ -78,29 +97,72 @@ def install(activation):
     if lacks_nested_tensors(device_type):
         _serve_nested_encoders(activation, device_type)
     missing = missing_kernels(device_type)
-    if not missing:
+    compressed = missing_compressed_kernels(device_type)
+    if not missing and not compressed:
         return
     count = activation.count if activation.reporting else None
 
     def observe(op, layout):
         name = f"aten::{op.partition('::')[2] or op}"
-        warn_once(f"host-layout-{device_type}",
-                  f"{layout} tensors on '{device_type}' are held in host memory, since it has no "
-                  f"kernels for sparse layouts: {name} and every other op on them run on the host, "
-                  f"and their results that are not sparse come back to the device (--report counts "
-                  f"each op)")
+        if layout is torch.sparse_coo:
+            warn_once(f"host-layout-{device_type}",
+                      f"{layout} tensors on '{device_type}' are held in host memory, since it has no "
+                      f"kernels for sparse layouts: {name} and every other op on them run on the host, "
+                      f"and their results that are not sparse come back to the device (--report counts "
+                      f"each op)")
+        else:
+            layout = layout or _conversion_layout(op)
+            warn_once(f"host-compressed-{device_type}",
+                      f"'{device_type}' has no kernels for sparse compressed tensors (CSR, CSC, BSR, "
+                      f"BSC): {name} on {layout} and every other op on them run on the host, and "
+                      f"their results come back to the device (--report counts each op)")
         if count is not None:
-            count(name, f"run on the host ({layout}, which '{device_type}' has no kernels for)")
+            # one row per layout: an op run on a COO tensor and on a CSR one are two rows
+            count(name if layout is torch.sparse_coo else f"{name} on {layout}",
+                  f"run on the host ({layout}, which '{device_type}' has no kernels for)")
 
-    held = make_host_held(device_type, observe)
     library = torch.library.Library("aten", "IMPL")
-    activation.registry.add_undo(f"sparse tensors held on the host for {device_type}", library._destroy)
-    for key, ops in missing.items():
-        for op in ops:
-            overload = _overload(op)
-            kernel = (_refusal(device_type, overload) if op in COMPRESSED_CONVERSIONS
-                      else _host_kernel(held, overload))
-            library.impl(op, kernel, key)
+    activation.registry.add_undo(f"sparse tensors computed on the host for {device_type}", library._destroy)
+    if missing:
+        held = make_host_held(device_type, observe)
+        for key, ops in missing.items():
+            for op in ops:
+                overload = _overload(op)
+                kernel = (host_compressed.host_kernel(overload, device_type, observe)
+                          if op in COMPRESSED_CONVERSIONS else _host_kernel(held, overload))
+                library.impl(op, kernel, key)
+    if compressed:
+        _save_compressed_as_cuda_does(activation, device_type)
+    compressed_key = f"SparseCsr{dispatch_key(device_type)}"
+    for op in compressed:
+        overload = _overload(op)
+        kernel = (host_compressed.on_the_device_kernel(overload)
+                  if op in compressed_layouts.ON_THE_DEVICE
+                  else host_compressed.host_kernel(overload, device_type, observe))
+        library.impl(op, kernel, compressed_key)
+
+
+def _save_compressed_as_cuda_does(activation, device_type: str) -> None:
+    """A compressed tensor of the target saved as CUDA saves one: its layout and its index and
+    value tensors, which the checkpoint then names as CUDA's. Torch saves a tensor without
+    storage of a PrivateUse1 device as a host copy rebuilt on that device by name (a checkpoint
+    no machine without that device can load, map_location or not), and before 2.5 through
+    numpy, which fails for a sparse tensor."""
+    def make_reduce_ex(original):
+        @functools.wraps(original)
+        def __reduce_ex__(self, protocol):
+            if self.device.type == device_type and host_compressed.is_compressed(self) \
+                    and type(self) is torch.Tensor:
+                return host_compressed.reduced(self)
+            return original(self, protocol)
+        return __reduce_ex__
+
+    activation.replace(torch.Tensor, "__reduce_ex__", make_reduce_ex)
+
+
+def _conversion_layout(op: str) -> str:
+    """The layout a conversion (``aten::_to_sparse_csr``) makes, as torch names it."""
+    return f"torch.sparse_{op.rpartition('_')[2]}"
 
 
 def _overload(op: str):
@@ -113,18 +175,6 @@ def _host_kernel(held, overload):
     def kernel(*args, **kwargs):
         return held.on_host(overload, args, kwargs)
     kernel.__name__ = f"host_held_{overload.name().replace('::', '_')}"
-    return kernel
-
-
-def _refusal(device_type, overload):
-    layout = overload.name().rpartition("_")[2].upper()
-
-    def kernel(*args, **kwargs):
-        raise NotImplementedError(
-            f"{overload.name()}: '{device_type}' has no kernels for sparse {layout} tensors, and "
-            f"cudashim holds only sparse COO tensors on the host for it. Keep the tensor in COO "
-            f"(.to_sparse()), or run this part on the host (.cpu())")
-    kernel.__name__ = f"refused_{overload.name().replace('::', '_')}"
     return kernel
 
 

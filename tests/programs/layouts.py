@@ -1,7 +1,9 @@
 """CUDA programs whose tensors are not all dense: a graph convolutional network written as the
 classic GCN scripts write one (the row-normalized adjacency built as a sparse COO tensor on the
 host and moved with ``.cuda()``, each layer ``torch.spmm(adj, input @ weight)``, Adam, the
-adjacency saved with the model and loaded back); node embeddings trained with
+adjacency saved with the model and loaded back), and again over a CSR adjacency, as graph
+libraries keep one for their sparse-dense products, beside a block-sparse (BSR) linear layer
+converted on the device; node embeddings trained with
 ``nn.Embedding(sparse=True)`` and ``SparseAdam`` (``--embeddings``); and a Transformer encoder
 serving padded batches under ``no_grad``, where torch computes on a nested tensor. Writes what
 it saw as JSON (argv[1])."""
@@ -79,6 +81,53 @@ def train_gcn(seen):
     seen["host_copy"] = [str(host.device), str(host.layout)]
 
 
+def compressed_layouts(seen, checkpoint):
+    """The GCN over the adjacency in CSR; a weight made block-sparse (BSR) and column-compressed
+    (CSC) where it lives; an in-place scale; a checkpoint and a host copy."""
+    generator = torch.Generator().manual_seed(0)
+    adj = normalized_adjacency(generator).to_sparse_csr().cuda()
+    features = torch.randn(NODES, FEATURES, generator=generator).cuda()
+    labels = torch.randint(0, CLASSES, (NODES,), generator=generator).cuda()
+    torch.manual_seed(0)
+    model = GCN().cuda()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=5e-4)
+    losses = []
+    for _ in range(6):
+        optimizer.zero_grad()
+        loss = F.nll_loss(model(features, adj), labels)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    seen["csr"] = [str(adj.device), str(adj.layout), str(adj.crow_indices().device), adj._nnz()]
+    seen["csr_losses"] = losses
+
+    weight = torch.randn(HIDDEN, FEATURES, generator=generator).cuda()
+    inputs = torch.randn(5, FEATURES, generator=generator).cuda()
+    blocks = weight.to_sparse_bsr((4, 4))
+    seen["bsr"] = [str(blocks.device), str(blocks.layout), str(blocks.values().device),
+                   list(blocks.values().shape)]
+    seen["bsr_linear"] = F.linear(inputs, blocks).cpu().tolist()
+    seen["dense_linear"] = F.linear(inputs, weight).cpu().tolist()
+    columns = weight.to_sparse_csc()
+    seen["csc"] = [str(columns.device), str(columns.layout),
+                   bool(torch.equal(columns.to_dense().cpu(), weight.cpu()))]
+
+    scaled = adj.clone()
+    scaled.mul_(0.5)                                 # computed on the host, written back
+    scaled.values().mul_(4.0)                        # the device's own values tensor
+    seen["scaled"] = [scaled.values().sum().item(), adj.values().sum().item(), str(scaled.device)]
+
+    buffer = io.BytesIO()
+    torch.save({"adj": adj}, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer)["adj"]
+    seen["reloaded_csr"] = [str(loaded.device), str(loaded.layout),
+                            bool(torch.equal(loaded.to_dense().cpu(), adj.to_dense().cpu()))]
+    torch.save({"adj": adj}, checkpoint)            # for a machine without cudashim to load
+    host = adj.cpu()
+    seen["host_csr"] = [str(host.device), str(host.layout), bool(torch.equal(host.to_dense(), adj.to_dense().cpu()))]
+
+
 def train_embeddings(seen):
     torch.manual_seed(0)
     embedding = nn.Embedding(NODES, 8, sparse=True).cuda()
@@ -126,6 +175,7 @@ def main():
     args = parser.parse_args()
     seen = {}
     train_gcn(seen)
+    compressed_layouts(seen, args.out + ".csr.pt")
     if args.embeddings:
         train_embeddings(seen)
     encode_padded_batches(seen)
