@@ -476,6 +476,8 @@ def test_sparse_and_nested_tensors_where_the_target_has_no_kernels_for_them(tmp_
       refuses ``sparse=True``: the embeddings run on the test accelerator only.)
     - The same GCN over a CSR adjacency, a weight made BSR and CSC on the device, an in-place
       scale, a checkpoint: their parts on the device, their ops computed on the host.
+    - Quantization-aware training of a convnet (fake quantization, dense ops) converted to int8
+      on the host: the same losses.
     - ``nn.TransformerEncoder`` over padded batches in inference, which torch computes on a
       nested tensor: the same outputs, padded positions zero as the nested path leaves them."""
     import torch
@@ -534,6 +536,8 @@ def test_sparse_and_nested_tensors_where_the_target_has_no_kernels_for_them(tmp_
         saved = torch.load(tmp_path / f"{target.name}.json.csr.pt", map_location="cpu", weights_only=False)["adj"]
         assert saved.layout is torch.sparse_csr and saved.device.type == "cpu"
         assert torch.equal(saved.to_dense(), torch.load(tmp_path / "cpu.json.csr.pt")["adj"].to_dense())
+        assert on_target["qat_losses"] == pytest.approx(on_cpu["qat_losses"], rel=1e-4), target.name
+        assert on_target["qat_int8"] == [pytest.approx(row, abs=0.2) for row in on_cpu["qat_int8"]]
         assert on_target["encoded_device"] == target.device(0)
         for row, expected in zip(on_target["encoded"], on_cpu["encoded"]):
             assert row == [pytest.approx(position, abs=1e-5) for position in expected], target.name

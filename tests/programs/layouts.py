@@ -5,7 +5,8 @@ adjacency saved with the model and loaded back), and again over a CSR adjacency,
 libraries keep one for their sparse-dense products, beside a block-sparse (BSR) linear layer
 converted on the device; node embeddings trained with
 ``nn.Embedding(sparse=True)`` and ``SparseAdam`` (``--embeddings``); and a Transformer encoder
-serving padded batches under ``no_grad``, where torch computes on a nested tensor. Writes what
+serving padded batches under ``no_grad``, where torch computes on a nested tensor; and a convnet
+trained for quantization (fake quantization on the device, int8 on the host). Writes what
 it saw as JSON (argv[1])."""
 
 import argparse
@@ -128,6 +129,33 @@ def compressed_layouts(seen, checkpoint):
     seen["host_csr"] = [str(host.device), str(host.layout), bool(torch.equal(host.to_dense(), adj.to_dense().cpu()))]
 
 
+def quantization_aware_training(seen):
+    """A convnet prepared for quantization-aware training (torch.ao.quantization, the qconfig of
+    this host's quantized engine) trained on the device, then converted to int8 on the host, as
+    the QAT recipes do: its fake quantization is dense ops, which every target computes."""
+    import torch.ao.quantization as quantization
+    torch.manual_seed(0)
+    model = nn.Sequential(quantization.QuantStub(), nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(),
+                          nn.Flatten(), nn.Linear(8 * 6 * 6, CLASSES), quantization.DeQuantStub())
+    model.qconfig = quantization.get_default_qat_qconfig(torch.backends.quantized.engine)
+    quantization.prepare_qat(model.train(), inplace=True)
+    model = model.cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    generator = torch.Generator().manual_seed(2)
+    images = torch.randn(16, 3, 8, 8, generator=generator).cuda()
+    labels = torch.randint(0, CLASSES, (16,), generator=generator).cuda()
+    losses = []
+    for _ in range(4):
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    converted = quantization.convert(model.cpu().eval())
+    seen["qat_losses"] = losses
+    seen["qat_int8"] = converted(images.cpu()).tolist()
+
+
 def train_embeddings(seen):
     torch.manual_seed(0)
     embedding = nn.Embedding(NODES, 8, sparse=True).cuda()
@@ -176,6 +204,7 @@ def main():
     seen = {}
     train_gcn(seen)
     compressed_layouts(seen, args.out + ".csr.pt")
+    quantization_aware_training(seen)
     if args.embeddings:
         train_embeddings(seen)
     encode_padded_batches(seen)
