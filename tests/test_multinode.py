@@ -74,9 +74,10 @@ def assert_same_training(final_path, reference, exact=True):
         torch.testing.assert_close(final["model"], reference["model"], rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("launcher", [c10d_node, static_node], ids=["c10d-rendezvous", "static-master-addr"])
-def test_two_nodes_of_two_ranks_train_like_one_node_of_four(tmp_path, one_node_of_four, launcher):
-    run = run_cluster(on_every_node(launcher, trainer_args(tmp_path),
+def test_two_nodes_of_two_ranks_train_like_one_node_of_four(tmp_path, one_node_of_four):
+    """Under torchrun's c10d rendezvous. Its static form (``--master-addr``, ``--node-rank``)
+    starts the eight-rank job on the test accelerator and the compressed allreduce's nodes below."""
+    run = run_cluster(on_every_node(c10d_node, trainer_args(tmp_path),
                                     env={"CUDASHIM_REPORT_JSON": str(tmp_path / "report.json")}))
     assert run.returncodes == [0, 0], run.output()
     assert not run.left_behind, run.left_behind
