@@ -133,6 +133,10 @@ def install(activation):
                 library.impl(op, kernel, key)
     if compressed:
         _save_compressed_as_cuda_does(activation, device_type)
+        for op in compressed_layouts.VALIDATIONS:
+            if hasattr(torch.ops.aten, op):
+                library.impl(op, host_compressed.host_kernel(_overload(op), device_type),
+                             dispatch_key(device_type))
     compressed_key = f"SparseCsr{dispatch_key(device_type)}"
     for op in compressed:
         overload = _overload(op)

@@ -28,3 +28,12 @@ OPS = tuple("""
 # device tensors): torch's host kernel for them touches no data, so they run on the device.
 ON_THE_DEVICE = ("crow_indices", "col_indices", "ccol_indices", "row_indices", "values", "_nnz",
                  "sparse_dim", "dense_dim", "is_pinned", "_pin_memory")
+
+# What checks a loaded checkpoint's compressed tensors: torch 2.4 and 2.7 refuse parts of any
+# device but their own ("device type of values (xpu) must be CPU or CUDA or Meta"; 2.13 accepts
+# them). On the target's dense key they check host copies of the parts, as torch's own check
+# reads them on the host. (A constructor's ``check_invariants=True`` checks without dispatch,
+# and still refuses there.)
+VALIDATIONS = ("_validate_sparse_compressed_tensor_args", "_validate_sparse_csr_tensor_args",
+               "_validate_sparse_csc_tensor_args", "_validate_sparse_bsr_tensor_args",
+               "_validate_sparse_bsc_tensor_args")
