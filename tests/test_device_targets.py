@@ -208,6 +208,7 @@ def _mesh_run(tmp_path, name, *args, nproc, target: Optional[Target]):
 
 
 def _assert_dtensor_random_ops(seen):
+    assert seen["resharded"]                         # DTensor's all-to-all, rows to columns
     rng = seen["rng"]
     assert rng["replicated_equal"] and rng["in_step"], rng          # replicas agree, generators in step
     assert rng["shards_differ"] and rng["dropout_shards_differ"], rng

@@ -8,6 +8,8 @@ The mesh is (data, tensor) parallel: tensor parallel over two ranks where there 
 parallel over the rest. Rank 0 writes to OUT.json:
 - ``rng``: DTensor's random ops (seeded by torch.manual_seed, as the frameworks do): replicated
   draws equal on every rank, shards that differ, generators in step afterwards;
+- ``resharded``: a tensor sharded by rows over the tensor-parallel ranks, resharded by columns (an
+  all-to-all, which torch makes of an all-gather and a slice only on a CPU mesh), equals the tensor;
 - ``losses``: a few training steps of a tiny transformer (TP plan, SequenceParallel norms,
   fully_shard over the data-parallel dimension), and ``reference``: the same steps of the unsharded model on one device;
 - a sharded torch.distributed.checkpoint save at step K, or a resume from one made by a run
@@ -150,6 +152,14 @@ def random_ops(mesh):
     }
 
 
+def resharded(mesh) -> bool:
+    """Rows to columns over the tensor-parallel ranks: DTensor's all-to-all."""
+    tp_mesh = mesh["tp"]
+    whole = torch.arange(48, dtype=torch.float32, device="cuda").reshape(6, 8)
+    by_columns = distribute_tensor(whole, tp_mesh, [Shard(0)]).redistribute(tp_mesh, [Shard(1)])
+    return by_columns.to_local().shape[1] == 8 // tp_mesh.size() and torch.equal(by_columns.full_tensor(), whole)
+
+
 def batches():
     generator = torch.Generator().manual_seed(0)
     return [torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=generator) for _ in range(STEPS)]
@@ -192,7 +202,7 @@ def main():
     world = dist.get_world_size()
     tp = 2 if world % 2 == 0 else 1
     mesh = init_device_mesh("cuda", (world // tp, tp), mesh_dim_names=("dp", "tp"))
-    seen = {"world": world, "mesh": list(mesh.shape), "rng": random_ops(mesh)}
+    seen = {"world": world, "mesh": list(mesh.shape), "rng": random_ops(mesh), "resharded": resharded(mesh)}
     if not args.rng_only:
         seen.update(trained(mesh, args, bf16=False, offload=False))
         if args.then_mixed:
