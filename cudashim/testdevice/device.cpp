@@ -40,6 +40,7 @@
 #include <c10/core/CachingDeviceAllocator.h>
 #endif
 
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -473,6 +474,25 @@ at::Generator engine_of(const at::Generator& generator) {
 
 // --- the device guard: current device and streams per thread, events as host times ------
 
+// torch's autograd runs a device's backward on a thread of its own ("pt_autograd_N"), and this
+// device's kernels are the host's: OpenMP gives that thread a team of its own beside the
+// program thread's, and each team's idle threads spin for the cores the other computes on (a
+// relu's forward ran 3-4x slower after a backward had run, on two cores). The autograd thread
+// computes on itself alone; the program's thread keeps its team. Weak: where torch's OpenMP
+// runtime is absent (a build without it), nothing changes.
+extern "C" void omp_set_num_threads(int) __attribute__((weak));
+
+void compute_alone_on_autograd_threads() {
+  thread_local bool seen = false;
+  if (seen) return;
+  seen = true;
+  char name[16] = {};
+  if (omp_set_num_threads != nullptr && pthread_getname_np(pthread_self(), name, sizeof name) == 0 &&
+      std::strncmp(name, "pt_autograd_", 12) == 0) {
+    omp_set_num_threads(1);
+  }
+}
+
 thread_local c10::StreamId current_streams[kMaxDevices] = {};
 std::atomic<c10::StreamId> next_stream{1};
 
@@ -492,6 +512,7 @@ struct Guard final : c10::impl::DeviceGuardImplInterface {
   void setDevice(c10::Device device) const override {
     check_index(device.index());
     current_device = device.index();
+    compute_alone_on_autograd_threads();       // torch's autograd threads set their device first
   }
   void uncheckedSetDevice(c10::Device device) const noexcept override { current_device = device.index(); }
   // noexcept: torch 2.4's interface declares these so; later ones allow what is stricter.
