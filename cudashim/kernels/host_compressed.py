@@ -95,18 +95,26 @@ def on_host(func, device_type: str, args, kwargs):
         return result
     if device.index is None:
         device = torch.device(device_type, torch.get_device_module(device_type).current_device())
-    for host, original in _written(func, host_args, host_kwargs, originals):
+    for host, original in written_arguments(func, host_args, host_kwargs, originals):
         write_back(original, host)
+    return tree_map(lambda value: returned(value, device, originals), result)
 
-    def to_device(value):
-        if not isinstance(value, torch.Tensor):
-            return value
-        original = originals.get(id(value))
-        if original is not None:                 # an in-place op's or out='s own tensor
-            return original
-        return made_from(value, device) if is_compressed(value) else value.to(device)
 
-    return tree_map(to_device, result)
+def returned(value, device, originals, hold=None):
+    """A host kernel's result where CUDA would have returned it: the program's own tensor for
+    an argument the op wrote (an in-place op's self, ``out=``), a compressed tensor made again
+    on the device from its parts, any other sparse one held by ``hold`` where given, the rest
+    moved to the device."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    original = originals.get(id(value))
+    if original is not None:
+        return original
+    if is_compressed(value):
+        return made_from(value, device)
+    if value.layout is torch.strided or hold is None:
+        return value.to(device)
+    return hold(value, device)
 
 
 def write_back(device_tensor: torch.Tensor, host: torch.Tensor) -> None:
@@ -123,7 +131,7 @@ def write_back(device_tensor: torch.Tensor, host: torch.Tensor) -> None:
         mine.copy_(theirs)
 
 
-def _written(func, host_args, host_kwargs, originals):
+def written_arguments(func, host_args, host_kwargs, originals):
     """(host copy, device tensor) of every argument the op writes (``mul_``'s self, ``out=``)."""
     for position, argument in enumerate(func._schema.arguments):
         if argument.alias_info is None or not argument.alias_info.is_write:

@@ -28,7 +28,7 @@ from typing import Callable, Optional
 import torch
 from torch.utils._pytree import tree_map
 
-from .host_compressed import is_compressed, made_from
+from .host_compressed import returned, written_arguments
 
 _real_device = torch._C.device     # torch.device may be patched: compare with the real class
 
@@ -102,20 +102,7 @@ def make_host_held(device_type: str, observe: Optional[Callable[[str, torch.layo
             return result
         if device.index is None:
             device = torch.device(device_type, torch.get_device_module(device_type).current_device())
-
-        def to_device(value):
-            if not isinstance(value, torch.Tensor):
-                return value
-            original = originals.get(id(value))
-            if original is not None:             # an in-place op's or out='s own tensor
-                return original
-            if value.layout is torch.strided:
-                return value.to(device)
-            if is_compressed(value):                    # made on the device from its parts
-                return made_from(value, device)
-            return HostHeld(value, device)
-
-        return tree_map(to_device, result)
+        return tree_map(lambda value: returned(value, device, originals, HostHeld), result)
 
     HostHeld.on_host = staticmethod(on_host)
     HostHeld.device_type = device_type
@@ -131,15 +118,6 @@ def _held_layouts(args, kwargs, cls):
 def _write_back(func, host_args, host_kwargs, originals) -> None:
     """Copy every argument the op wrote (``add_``'s self, ``out=``) to the device tensor the
     host copy stood for; a held tensor's host tensor was written itself."""
-    schema = func._schema
-    for position, argument in enumerate(schema.arguments):
-        if argument.alias_info is None or not argument.alias_info.is_write:
-            continue
-        if argument.kwarg_only or position >= len(host_args):
-            written = host_kwargs.get(argument.name)
-        else:
-            written = host_args[position]
-        for host in (written if isinstance(written, (list, tuple)) else (written,)):
-            original = originals.get(id(host)) if isinstance(host, torch.Tensor) else None
-            if original is not None and original is not host and original.layout is torch.strided:
-                original.copy_(host)
+    for host, original in written_arguments(func, host_args, host_kwargs, originals):
+        if original is not host and original.layout is torch.strided:
+            original.copy_(host)

@@ -51,6 +51,19 @@ class GCN(nn.Module):
         return F.log_softmax(self.gc2(F.relu(self.gc1(x, adj)), adj), dim=1)
 
 
+def train_gcn_steps(model, features, adj, labels, steps):
+    """The GCN scripts' loop: Adam with weight decay, full-batch steps; the losses."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=5e-4)
+    losses = []
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = F.nll_loss(model(features, adj), labels)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
 def train_gcn(seen):
     generator = torch.Generator().manual_seed(0)
     adj = normalized_adjacency(generator)
@@ -61,15 +74,7 @@ def train_gcn(seen):
     adj, features, labels = adj.cuda(), features.cuda(), labels.cuda()
     seen.update(adj_device=str(adj.device), adj_is_cuda=adj.is_cuda, adj_layout=str(adj.layout),
                 adj_nnz=adj._nnz())
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=5e-4)
-    losses = []
-    for _ in range(8):
-        optimizer.zero_grad()
-        loss = F.nll_loss(model(features, adj), labels)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    seen["gcn_losses"] = losses
+    seen["gcn_losses"] = train_gcn_steps(model, features, adj, labels, steps=8)
     seen["rows_summed"] = torch.sparse.sum(adj, dim=1).to_dense().cpu().tolist()
 
     buffer = io.BytesIO()
@@ -91,16 +96,8 @@ def compressed_layouts(seen, checkpoint):
     labels = torch.randint(0, CLASSES, (NODES,), generator=generator).cuda()
     torch.manual_seed(0)
     model = GCN().cuda()
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=5e-4)
-    losses = []
-    for _ in range(6):
-        optimizer.zero_grad()
-        loss = F.nll_loss(model(features, adj), labels)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
+    seen["csr_losses"] = train_gcn_steps(model, features, adj, labels, steps=6)
     seen["csr"] = [str(adj.device), str(adj.layout), str(adj.crow_indices().device), adj._nnz()]
-    seen["csr_losses"] = losses
 
     weight = torch.randn(HIDDEN, FEATURES, generator=generator).cuda()
     inputs = torch.randn(5, FEATURES, generator=generator).cuda()
