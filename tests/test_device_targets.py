@@ -183,6 +183,7 @@ def test_fsdp_and_a_device_mesh_on_two_ranks_with_one_device_each(tmp_path):
         assert json.loads((tmp_path / "state.json").read_text()) == {"names": True, "equal": True}
 
 
+@pytest.mark.torch_range
 def test_pipeline_schedules_train_as_the_unsplit_model(tmp_path):
     """torch.distributed.pipelining's schedules (GPipe, 1F1B, interleaved 1F1B) on two ranks:
     each rank sends before it receives, which a collective library that completes a send only
@@ -268,13 +269,14 @@ def test_data_and_tensor_parallel_training_on_a_2d_mesh(tmp_path):
         assert trained["mixed"] == pytest.approx(trained["reference"], rel=3e-2)
 
 
+@pytest.mark.torch_range
 def test_pipeline_data_and_tensor_parallel_training_on_a_3d_mesh(tmp_path):
     """A (pp, dp, tp) mesh of four ranks, as the training frameworks compose it: two pipeline
     stages under GPipe, each stage's blocks split over tp and sharded with FSDP2 over dp. The
     losses and the weights gathered from their shards are the unsplit model's, on every target
-    (torchvulkan's one device shared by the four ranks). Not in the torch-range set, as the
-    pipeline schedules' test is not: on torch 2.7 the test accelerator's pipeline runs hang at
-    times (unresolved; 2.4 and 2.14 pass)."""
+    (torchvulkan's one device shared by the four ranks). On torch 2.7 and older its ranks hung
+    in destroy_process_group at times, under load: torch destroyed a group holding the GIL that
+    gloo's worker needed to free all_gather_object's tensors (cudashim lets go of it first)."""
     import torch.distributed.fsdp as fsdp
 
     for target in [None, *(target for target in TARGETS if target.why_not is None)]:

@@ -7,6 +7,7 @@ collective library.
 """
 
 import functools
+import time
 import weakref
 
 import torch
@@ -44,6 +45,14 @@ REWRITES = (
 # Eager init binds a device: the target's, or none on the CPU and where collectives are staged
 # through host memory. install() patches these two calls, and translates their device_id with
 # these declarations.
+# torch 2.7 and older destroy a process group holding the GIL while gloo's worker threads end
+# (pytorch#154976, fixed in 2.8). A worker still freeing its last collective's tensors needs the
+# GIL to let go of their Python storage (``all_gather_object``'s), and the two wait on each other
+# for ever: ranks hung in destroy_process_group under load (the 3-D mesh program, 4 of 12 runs
+# two jobs at a time). Letting go of the GIL a moment first lets that worker finish.
+_DESTROYS_HOLDING_THE_GIL = torch.torch_version.TorchVersion(torch.__version__) < (2, 8)
+_GLOO_WORKERS_FINISH = 0.05          # seconds
+
 BOUND_DEVICE_IDS = {name: rewrite(f"torch.distributed.distributed_c10d:{name}", EAGER_DEVICE,
                                   parameter="device_id", api=f"{name}(device_id)")
                     for name in ("init_process_group", "new_group")}
@@ -155,6 +164,8 @@ def install(activation):
     def make_destroy_process_group(original):
         def destroy_process_group(*args, **kwargs):
             live_before = nccl_groups.live_ids()
+            if _DESTROYS_HOLDING_THE_GIL:
+                time.sleep(_GLOO_WORKERS_FINISH)
             original(*args, **kwargs)
             nccl_groups.released(live_before)
         return functools.wraps(original)(destroy_process_group)
