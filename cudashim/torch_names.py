@@ -54,6 +54,13 @@ NAMES: Dict[str, Name] = {name.path: name for name in (
     _n("torch.backends.mkldnn.matmul.fp32_precision", "precision", FALLBACK,
        "the TF32 flags are not mapped to oneDNN's reduced-precision matmuls: float32 stays "
        "float32, as on a GPU without TF32"),
+    _n("torch.distributed.tensor.DTensor", "distributed", FALLBACK,
+       "attention on DTensors is left to torch, which shards only CUDA's attention kernels: "
+       "tensor-parallel attention on DTensors fails on the target, as it would natively"),
+    _n("torch.distributed.tensor.Replicate", "distributed", FALLBACK,
+       "as without torch.distributed.tensor.DTensor"),
+    _n("torch.distributed.tensor.Shard", "distributed", FALLBACK,
+       "as without torch.distributed.tensor.DTensor"),
     # --- private names --------------------------------------------------------------------
     _n("torch._C._get_graph_executor_optimize", "torchscript", FALLBACK,
        "scripted code keeps TorchScript's optimizations on the target, and a scripted model "
@@ -174,6 +181,12 @@ NAMES: Dict[str, Name] = {name.path: name for name in (
        "(the host's, the test accelerator's)"),
     _n("torch.distributed._tensor.random.OffsetBasedRNGTracker", "distributed", FALLBACK,
        "as without torch.distributed.tensor._random.OffsetBasedRNGTracker (torch before 2.5)"),
+    _n("torch.distributed._tensor.DTensor", "distributed", FALLBACK,
+       "as without torch.distributed.tensor.DTensor (torch 2.4 has only this name)"),
+    _n("torch.distributed._tensor.Replicate", "distributed", FALLBACK,
+       "as without torch.distributed._tensor.DTensor"),
+    _n("torch.distributed._tensor.Shard", "distributed", FALLBACK,
+       "as without torch.distributed._tensor.DTensor"),
     _n("torch.cpu._is_amx_fp16_supported", "cpu_speed", FALLBACK,
        "the CPU's amx_fp16 flag in /proc/cpuinfo"),
     _n("torch.cpu._is_avx512_bf16_supported", "cpu_speed", FALLBACK,

@@ -208,7 +208,7 @@ def _mesh_run(tmp_path, name, *args, nproc, target: Optional[Target]):
     return json.loads(out.read_text())
 
 
-def _assert_dtensor_random_ops(seen):
+def _assert_dtensor_ops(seen):
     # DTensor's all-to-all, rows to columns: torch 2.4's gloo, under a target's staged
     # collectives, has none (README, Limitations)
     import torch
@@ -219,10 +219,17 @@ def _assert_dtensor_random_ops(seen):
     assert rng["shards_differ"] and rng["dropout_shards_differ"], rng
     assert rng["dropout_replicas_equal"], rng
     assert 0.3 < rng["dropout_kept"] < 0.7 and abs(rng["normal_mean"]) < 0.5, rng
+    # attention on DTensors: torch shards only CUDA's attention kernels; the host's flash kernel
+    # has no sharding strategy and a device's math path meets a plain causal mask
+    attention = seen["attention"]
+    assert attention["batch_and_heads"]["placements"] == ["S(0)", "S(1)"], attention
+    assert attention["per_head_mask"]["placements"] == ["S(0)", "S(1)"], attention
+    assert attention["sequence"]["placements"] == ["R", "R"], attention          # replicated first
+    assert all(case["difference"] < 1e-5 for case in attention.values()), attention
 
 
 def test_dtensor_random_ops_where_every_rank_shares_one_device(tmp_path):
-    """The 2-D mesh program's random ops on torchvulkan, whose one device the four ranks share:
+    """The 2-D mesh program's random ops and attention on torchvulkan, whose one device the four ranks share:
     its generator is Philox-shaped and reached through its module's ``__getattr__``
     (``default_generators``), so torch's own offset tracker runs on it. Before cudashim read that
     hook, the mesh's generator was taken to be the host's, seeded regions moved it, and every
@@ -230,14 +237,15 @@ def test_dtensor_random_ops_where_every_rank_shares_one_device(tmp_path):
     for target in targets(where=lambda target: target.devices < 2):
         seen = _mesh_run(tmp_path, target.name, "--rng-only", nproc=4, target=target)
         assert seen["mesh"] == [2, 2] and seen["rng"]["device"] == target.device(0)
-        _assert_dtensor_random_ops(seen)
+        _assert_dtensor_ops(seen)
 
 
 @pytest.mark.torch_range
 def test_data_and_tensor_parallel_training_on_a_2d_mesh(tmp_path):
     """The FSDP2 + TP tutorials' program on a (data, tensor) mesh of four ranks, seeded as the
     training frameworks seed it: DTensor's random ops (torch refuses the host's generator and
-    the test accelerator's, which count no offsets), training compared with the unsharded
+    the test accelerator's, which count no offsets), attention on DTensors with their heads
+    sharded (torchtitan's plan; torch shards only CUDA's attention kernels), training compared with the unsharded
     model on one device, MixedPrecisionPolicy(bfloat16) with CPUOffloadPolicy, and a sharded
     checkpoint resumed by two ranks."""
     import torch.distributed.fsdp as fsdp
@@ -249,7 +257,7 @@ def test_data_and_tensor_parallel_training_on_a_2d_mesh(tmp_path):
         for target in [None, *runnable]:
             seen = _mesh_run(tmp_path, target.name if target else "cpu", "--rng-only", nproc=4, target=target)
             assert seen["mesh"] == [2, 2] and seen["rng"]["device"] == (target.device(0) if target else "cpu")
-            _assert_dtensor_random_ops(seen)
+            _assert_dtensor_ops(seen)
         return
     for target in [None, *runnable]:
         where = tmp_path / (target.name if target else "cpu")
@@ -258,7 +266,7 @@ def test_data_and_tensor_parallel_training_on_a_2d_mesh(tmp_path):
                             target=target)
         assert trained["mesh"] == [2, 2]
         assert trained["parameter"] == ["DTensor", target.device(0) if target else "cpu"]
-        _assert_dtensor_random_ops(trained)
+        _assert_dtensor_ops(trained)
         assert trained["losses"] == pytest.approx(trained["reference"], rel=1e-4)
 
         resumed = _mesh_run(where, "resumed", "--resume", str(where / "checkpoint"), nproc=2, target=target)

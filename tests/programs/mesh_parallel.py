@@ -8,10 +8,14 @@ The mesh is (data, tensor) parallel: tensor parallel over two ranks where there 
 parallel over the rest. Rank 0 writes to OUT.json:
 - ``rng``: DTensor's random ops (seeded by torch.manual_seed, as the frameworks do): replicated
   draws equal on every rank, shards that differ, generators in step afterwards;
+- ``attention``: scaled_dot_product_attention on DTensors (batch over the data-parallel ranks,
+  heads over the tensor-parallel ones; with a per-head mask; with the sequence sharded): the
+  largest difference of its output and gradients from attention on the whole tensors;
 - ``resharded``: a tensor sharded by rows over the tensor-parallel ranks, resharded by columns (an
   all-to-all, which torch makes of an all-gather and a slice only on a CPU mesh), equals the tensor;
-- ``losses``: a few training steps of a tiny transformer (TP plan, SequenceParallel norms,
-  fully_shard over the data-parallel dimension), and ``reference``: the same steps of the unsharded model on one device;
+- ``losses``: a few training steps of a tiny transformer (TP plan, SequenceParallel norms, causal
+  attention on DTensors with their heads sharded as torchtitan keeps them, fully_shard over the
+  data-parallel dimension), and ``reference``: the same steps of the unsharded model on one device;
 - a sharded torch.distributed.checkpoint save at step K, or a resume from one made by a run
   with another world size;
 - ``mixed`` (``--then-mixed``): the same steps trained again afterwards, by the same ranks, from
@@ -44,6 +48,24 @@ except ImportError:                                          # torch before 2.6
     import torch.distributed._tensor as dtensor
 
 VOCAB, DIM, HIDDEN, SEQ, BATCH, STEPS = 64, 32, 64, 8, 4, 6
+HEADS = 4
+
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.wq = nn.Linear(DIM, DIM, bias=False)
+        self.wk = nn.Linear(DIM, DIM, bias=False)
+        self.wv = nn.Linear(DIM, DIM, bias=False)
+        self.wo = nn.Linear(DIM, DIM, bias=False)
+
+    def forward(self, x):
+        batch, seq, _ = x.shape
+        # -1 heads: the local count where the projections are sharded (plain tensors), the whole
+        # count where they stay DTensors
+        q, k, v = (w(x).view(batch, seq, -1, DIM // HEADS).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
 class FeedForward(nn.Module):
@@ -60,10 +82,13 @@ class FeedForward(nn.Module):
 class Block(nn.Module):
     def __init__(self):
         super().__init__()
+        self.attention_norm = nn.LayerNorm(DIM)
+        self.attention = Attention()
         self.norm = nn.LayerNorm(DIM)
         self.feed_forward = FeedForward()
 
     def forward(self, x):
+        x = x + self.attention(self.attention_norm(x))
         return x + self.feed_forward(self.norm(x))
 
 
@@ -90,6 +115,12 @@ def tensor_parallel(model, tp_mesh):
     })
     for block in model.layers:
         parallelize_module(block, tp_mesh, {
+            "attention_norm": SequenceParallel(),
+            "attention": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            "attention.wq": ColwiseParallel(use_local_output=False),
+            "attention.wk": ColwiseParallel(use_local_output=False),
+            "attention.wv": ColwiseParallel(use_local_output=False),
+            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
             "norm": SequenceParallel(),
             "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
             "feed_forward.w1": ColwiseParallel(),
@@ -164,6 +195,27 @@ def resharded(mesh):
     return by_columns.to_local().shape[1] == 8 // tp_mesh.size() and torch.equal(by_columns.full_tensor(), whole)
 
 
+def attention_on_shards(mesh):
+    """Attention on DTensors as data and tensor parallelism shard them, against the whole tensors."""
+    generator = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(2 * mesh.size(0), 4, 6, 8, generator=generator).cuda() for _ in range(3))
+    per_head_mask = torch.randn(4, 6, 6, generator=generator).cuda()
+    seen = {}
+    for name, placements, kwargs in (("batch_and_heads", [Shard(0), Shard(1)], {"is_causal": True}),
+                                     ("per_head_mask", [Shard(0), Shard(1)], {"attn_mask": per_head_mask}),
+                                     ("sequence", [Replicate(), Shard(2)], {"is_causal": True})):
+        whole = [t.clone().requires_grad_() for t in (q, k, v)]
+        expected = F.scaled_dot_product_attention(*whole, **kwargs)
+        expected.sum().backward()
+        shards = [distribute_tensor(t, mesh, placements).requires_grad_() for t in (q, k, v)]
+        out = F.scaled_dot_product_attention(*shards, **kwargs)
+        out.full_tensor().sum().backward()
+        differences = [out.full_tensor() - expected] + [s.grad.full_tensor() - w.grad for s, w in zip(shards, whole)]
+        seen[name] = {"placements": [str(p) for p in out.placements],
+                      "difference": max(float(d.abs().max()) for d in differences)}
+    return seen
+
+
 def batches():
     generator = torch.Generator().manual_seed(0)
     return [torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=generator) for _ in range(STEPS)]
@@ -206,7 +258,8 @@ def main():
     world = dist.get_world_size()
     tp = 2 if world % 2 == 0 else 1
     mesh = init_device_mesh("cuda", (world // tp, tp), mesh_dim_names=("dp", "tp"))
-    seen = {"world": world, "mesh": list(mesh.shape), "rng": random_ops(mesh), "resharded": resharded(mesh)}
+    seen = {"world": world, "mesh": list(mesh.shape), "rng": random_ops(mesh), "resharded": resharded(mesh),
+            "attention": attention_on_shards(mesh)}
     if not args.rng_only:
         seen.update(trained(mesh, args, bf16=False, offload=False))
         if args.then_mixed:
