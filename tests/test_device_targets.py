@@ -170,13 +170,17 @@ def test_ddp_on_two_ranks_trains_as_on_the_cpu(tmp_path):
 
 def test_fsdp_and_a_device_mesh_on_two_ranks_with_one_device_each(tmp_path):
     """FSDP frees and regrows its flat parameters' storages in device memory, and offloads
-    its full state dict with .cpu(). torchvulkan cannot: its storage resize_(0) moves the
+    its full state dict with .cpu(); HSDP's all-reduce over replicas, and FSDP1's float16
+    ShardedGradScaler moving found-inf flags between host and device. torchvulkan cannot: its storage resize_(0) moves the
     storage to the host."""
     for target in targets(where=lambda target: target.devices >= 2):
         mesh = torchrun("tests/programs/mesh_fsdp.py", shim_options=target.options, timeout=300)
         assert mesh.returncode == 0, mesh.stderr[-3000:]
         for rank in (0, 1):
             assert f"rank {rank}: mesh on {target.name}, fully_shard and FSDP trained" in mesh.stdout
+            assert f"rank {rank}: HSDP over 2 replicas steps as one device" in mesh.stdout
+            assert f"rank {rank}: ShardedGradScaler on torch.float16, stepped [True, False], scale 128.0" \
+                in mesh.stdout
         state = torchrun("tests/programs/fsdp_state_dict.py", str(tmp_path / "state.json"),
                          shim_options=target.options, timeout=300)
         assert state.returncode == 0, state.stderr[-3000:]
