@@ -1,6 +1,8 @@
 """autocast and GradScaler spelled for CUDA, translated as asked. What they compute in by
 default, where the target computes float16 slowly, is tests/test_precision.py's."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -23,6 +25,20 @@ def test_autocast_cuda_runs_on_the_target_with_the_dtype(shim, dtype):
         assert torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") == dtype
     with torch.amp.autocast(device_type="cuda", dtype=dtype):
         assert (a @ a).dtype == dtype
+
+
+def test_autocast_cuda_in_float32_computes_in_float32(shim):
+    """CUDA's autocast takes dtype=torch.float32 (llm.c's default) and computes the ops it casts in
+    float32; the host's autocast refuses float32. Such a region ran in bfloat16 before, with a
+    warning: other numbers than CUDA's, and bfloat16's slow kernels where the host has them."""
+    a = torch.randn(4, 4, device="cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.autocast("cuda", dtype=torch.float32):
+            assert (a @ a).dtype == torch.float32
+            assert torch.nn.functional.linear(a, a).dtype == torch.float32
+        with torch.autocast(device_type="cuda", dtype=torch.float16):
+            assert (a @ a).dtype == torch.float16                  # the next region as asked
 
 
 def test_cuda_amp_spellings(shim):

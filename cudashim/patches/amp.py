@@ -59,7 +59,10 @@ def install(activation):
                 dtype = policy.autocast_dtype(asked) if enabled else asked
                 if dtype != asked:
                     _say_once(activation, asked, dtype, policy)
-                if dtype is None:                  # float32: the region runs without autocast
+                if dtype is None or dtype == torch.float32 and dtype not in supported:
+                    # float32 (the policy's, or asked: CUDA's autocast takes it and computes its
+                    # cast ops in float32, where the target's refuses it): the region runs
+                    # without autocast, its matmuls reconciling what autocast would have cast
                     dtype, enabled = asked, False
                     self._cudashim_in_float32 = True
                 if dtype not in supported:
