@@ -187,6 +187,9 @@ NAMES: Dict[str, Name] = {name.path: name for name in (
        "as without torch.distributed._tensor.DTensor"),
     _n("torch.distributed._tensor.Shard", "distributed", FALLBACK,
        "as without torch.distributed._tensor.DTensor"),
+    _n("torch.distributed._functional_collectives", "distributed", REQUIRED,
+       "DTensor's all-to-all on torch before 2.7 over staged collectives is its all-gather; "
+       "the module is DTensor's own collectives in every torch CI tests"),
     _n("torch.cpu._is_amx_fp16_supported", "cpu_speed", FALLBACK,
        "the CPU's amx_fp16 flag in /proc/cpuinfo"),
     _n("torch.cpu._is_avx512_bf16_supported", "cpu_speed", FALLBACK,

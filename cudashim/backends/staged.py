@@ -256,9 +256,15 @@ def _contains(value, tensor) -> bool:
     return False
 
 
+# The names under which this staging is registered (this module's own and the test accelerator's).
+LIBRARIES = {NAME}
+
+
 def creator(library: str = NAME):
     """torch.distributed's constructor for the library (``Backend.register_backend``), under
     the name ``library``."""
+    LIBRARIES.add(library)
+
     def create(store, rank, size, timeout):
         return _group_class(library)(store, rank, size, timeout)
     return create

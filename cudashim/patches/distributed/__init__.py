@@ -17,7 +17,7 @@ from ...patching import by_caller
 from ...patching.by_caller import ByCaller
 from ...patching.rewriter import BOUND_DEVICE, BOUND_DEVICES, BOUND_INDICES, DEVICE, DEVICE_TYPE, \
     EAGER_DEVICE, Argument, Rewrite, rewrite, rewritten
-from . import ddp_pinned, elastic_rounds, mesh_attention, mesh_rng, nccl_batches, nccl_order, nccl_reductions, nccl_shapes, sync_batch_norm
+from . import ddp_pinned, elastic_rounds, mesh_alltoall, mesh_attention, mesh_rng, nccl_batches, nccl_order, nccl_reductions, nccl_shapes, sync_batch_norm
 from .group_exit import NcclGroupExit
 
 REWRITES = (
@@ -200,6 +200,7 @@ def install(activation):
     elastic_rounds.install(activation)
     mesh_rng.install(activation)
     mesh_attention.install(activation)
+    mesh_alltoall.install(activation)
 
     if spellings is not None:        # torch chooses devices by the real library: it hears it
         def spelled(original):
