@@ -5,9 +5,9 @@ stays the class torch and its compiler know. The dtype of a CUDA region is the p
 policy's (``cudashim.precision``): float16, where the target computes it slowly, runs in a
 dtype it computes fast. A region asked for the target's own device type is one too: programs
 derive autocast's device type from their tensors (``torch.autocast(x.device.type, ...)``, as
-timm does), which name the target under the shim; its default dtype is the target's. A dtype
-the target cannot autocast to at all falls back to its first supported one, with a warning
-once.
+timm does), which name the target under the shim; its default dtype is the target's. float32,
+which CUDA's autocast takes and the host's refuses, runs with autocast off. Another dtype the
+target cannot autocast to at all falls back to its first supported one, with a warning once.
 """
 
 import functools
