@@ -61,6 +61,10 @@ NAMES: Dict[str, Name] = {name.path: name for name in (
        "as without torch.distributed.tensor.DTensor"),
     _n("torch.distributed.tensor.Shard", "distributed", FALLBACK,
        "as without torch.distributed.tensor.DTensor"),
+    _n("torch.distributed.tensor.DTensor._op_dispatcher._custom_op_handlers", "distributed", FALLBACK,
+       "context parallelism's ring attention is not reached: attention on a sharded sequence is "
+       "gathered and computed whole, and a program under context_parallel gets the whole "
+       "sequence's output where it expects its part (every torch with context parallelism has it)"),
     # --- private names --------------------------------------------------------------------
     _n("torch._C._get_graph_executor_optimize", "torchscript", FALLBACK,
        "scripted code keeps TorchScript's optimizations on the target, and a scripted model "
@@ -162,6 +166,10 @@ NAMES: Dict[str, Name] = {name.path: name for name in (
         ("torch.ops.aten._sparse_compressed_tensor_unsafe", "layouts", "a compressed tensor made from its parts"),
         ("torch.ops.aten._sparse_compressed_tensor_unsafe.default", "layouts",
          "a compressed tensor made from its parts"),
+        ("torch.ops.aten._scaled_dot_product_flash_attention.default", "distributed",
+         "context parallelism's ring attention, which runs CUDA's attention ops"),
+        ("torch.ops.aten._scaled_dot_product_efficient_attention", "distributed",
+         "context parallelism's ring attention, which runs CUDA's attention ops"),
     )),
     _n("torch._C._is_key_in_tls", "autograd_exit", FALLBACK,
        "nothing to set aside: a torch without it stashes no Python state for its backward threads"),
@@ -187,6 +195,8 @@ NAMES: Dict[str, Name] = {name.path: name for name in (
        "as without torch.distributed._tensor.DTensor"),
     _n("torch.distributed._tensor.Shard", "distributed", FALLBACK,
        "as without torch.distributed._tensor.DTensor"),
+    _n("torch.distributed._tensor.DTensor._op_dispatcher._custom_op_handlers", "distributed", FALLBACK,
+       "as without torch.distributed.tensor.DTensor._op_dispatcher._custom_op_handlers"),
     _n("torch.distributed._functional_collectives", "distributed", REQUIRED,
        "DTensor's all-to-all on torch before 2.7 over staged collectives is its all-gather; "
        "the module is DTensor's own collectives in every torch CI tests"),

@@ -228,6 +228,15 @@ def _assert_dtensor_ops(seen):
     assert attention["per_head_mask"]["placements"] == ["S(0)", "S(1)"], attention
     assert attention["sequence"]["placements"] == ["R", "R"], attention          # replicated first
     assert all(case["difference"] < 1e-5 for case in attention.values()), attention
+    # context parallelism: torch's ring attention runs CUDA's attention ops on each rank's part
+    # of the sequence (SEQ 8 over two ranks)
+    try:
+        from torch.distributed.tensor.experimental import context_parallel  # noqa: F401
+    except ImportError:                                      # torch before 2.5
+        assert seen["context_parallel"] is None
+    else:
+        assert seen["context_parallel"]["tokens_per_rank"] == 4, seen["context_parallel"]
+        assert seen["context_parallel"]["difference"] < 1e-5, seen["context_parallel"]
 
 
 def test_dtensor_random_ops_where_every_rank_shares_one_device(tmp_path):

@@ -209,6 +209,96 @@ def test_the_portable_fused_cells_compute_what_torch_computes_unfused(cell):
         torch.testing.assert_close(mine, theirs)
 
 
+def _attention_inputs(heads_kv=4, length_k=6, dtype=torch.float64):
+    generator = torch.Generator().manual_seed(0)
+    shapes = ((2, 4, 5, 8), (2, heads_kv, length_k, 8), (2, heads_kv, length_k, 8))
+    return [torch.randn(*shape, generator=generator, dtype=dtype) for shape in shapes]
+
+
+@pytest.mark.parametrize("is_causal, heads_kv, length_k", [(False, 4, 6), (True, 4, 5), (True, 2, 5)])
+def test_the_portable_flash_attention_computes_what_attentions_definition_does(is_causal, heads_kv, length_k):
+    """CUDA's flash attention op (which context parallelism's ring attention calls on each
+    block) and its backward, against torch's math path and its autograd: causal, grouped-query
+    (fewer key and value heads), a longer key; the log-sum-exp is the scores' row by row."""
+    from cudashim.kernels import fused_attention
+
+    query, key, value = leaves = [t.requires_grad_() for t in _attention_inputs(heads_kv, length_k)]
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, is_causal=is_causal, enable_gqa=heads_kv != 4)
+    grad_out = torch.randn_like(expected)
+    expected_grads = torch.autograd.grad(expected, leaves, grad_out)
+
+    plain = [t.detach() for t in leaves]
+    out, logsumexp, cum_q, cum_k, max_q, max_k, seed, offset, _ = fused_attention.flash_attention(
+        *plain, 0.0, is_causal)
+    torch.testing.assert_close(out, expected)
+    scores = query @ key.repeat_interleave(4 // heads_kv, dim=1).transpose(-2, -1) / 8 ** 0.5
+    if is_causal:
+        scores = scores.masked_fill(~torch.ones(5, length_k, dtype=torch.bool).tril(), float("-inf"))
+    torch.testing.assert_close(logsumexp, scores.logsumexp(-1).detach())
+    assert (cum_q, cum_k, max_q, max_k) == (None, None, 5, length_k)
+    grads = fused_attention.flash_attention_backward(grad_out, *plain, out, logsumexp, cum_q, cum_k, max_q,
+                                                     max_k, 0.0, is_causal, seed, offset)
+    for mine, theirs in zip(grads, expected_grads):
+        torch.testing.assert_close(mine, theirs)
+
+
+def test_the_portable_efficient_attention_takes_a_bias_and_returns_its_gradient():
+    from cudashim.kernels import fused_attention
+
+    *qkv, bias = leaves = [t.requires_grad_() for t in (*_attention_inputs(), torch.randn(1, 4, 5, 6).double())]
+    expected = torch.nn.functional.scaled_dot_product_attention(*qkv, attn_mask=bias)
+    grad_out = torch.randn_like(expected)
+    expected_grads = torch.autograd.grad(expected, leaves, grad_out)
+    plain = [t.detach() for t in leaves]
+    out, logsumexp, seed, offset = fused_attention.efficient_attention(*plain, True)
+    torch.testing.assert_close(out, expected)
+    assert fused_attention.efficient_attention(*plain, False)[1].numel() == 0    # not asked for
+    grads = fused_attention.efficient_attention_backward(grad_out, *plain, out, logsumexp, seed, offset, 0.0,
+                                                         [True] * 4)
+    for mine, theirs in zip(grads, expected_grads):
+        torch.testing.assert_close(mine.sum_to_size(theirs.shape), theirs)   # autograd sums the bias's
+
+
+def test_the_portable_attention_drops_the_same_weights_forward_and_backward():
+    """Dropout's mask comes from the seed the forward drew and returned: the backward's
+    gradients are those of the forward it was given, computed by autograd."""
+    from cudashim.kernels import fused_attention
+
+    plain = _attention_inputs()
+    out, logsumexp, cum_q, cum_k, max_q, max_k, seed, offset, _ = fused_attention.flash_attention(*plain, 0.5)
+    kept = fused_attention._kept(seed, (2, 4, 5, 6), 0.5, "cpu", torch.float64)
+    assert 0.2 < float((kept != 0).double().mean()) < 0.8
+    query, key, value = leaves = [t.clone().requires_grad_() for t in plain]
+    expected = (((query @ key.transpose(-2, -1)) / 8 ** 0.5).softmax(-1) * kept) @ value
+    torch.testing.assert_close(out, expected)
+    grad_out = torch.randn_like(out)
+    grads = fused_attention.flash_attention_backward(grad_out, *plain, out, logsumexp, cum_q, cum_k, max_q,
+                                                     max_k, 0.5, False, seed, offset)
+    for mine, theirs in zip(grads, torch.autograd.grad(expected, leaves, grad_out)):
+        torch.testing.assert_close(mine, theirs)
+    again = fused_attention.flash_attention(*plain, 0.5)
+    assert not torch.equal(again[0], out)                    # another call, another seed
+
+
+def test_cudas_attention_ops_run_on_the_target_while_active_and_are_gone_after(shim):
+    """Called by name on CUDA tensors, with autograd through the registered backward; the
+    host's kernel for them exists only while cudashim is active."""
+    inputs = [t.float().cuda() for t in _attention_inputs(length_k=5)]
+    leaves = [t.clone().requires_grad_() for t in inputs]
+    out = torch.ops.aten._scaled_dot_product_flash_attention(*leaves, is_causal=True)[0]
+    references = [t.clone().requires_grad_() for t in inputs]
+    expected = torch.nn.functional.scaled_dot_product_attention(*references, is_causal=True)
+    torch.testing.assert_close(out, expected)
+    for mine, theirs in zip(torch.autograd.grad(out.sum(), leaves), torch.autograd.grad(expected.sum(), references)):
+        torch.testing.assert_close(mine, theirs)
+    flash = "aten::_scaled_dot_product_flash_attention"
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(flash, "CPU")
+    shim.deactivate()
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key(flash, "CPU")
+    shim.activate("cpu")
+
+
 def test_portable_kernels_are_registered_only_where_the_target_has_none():
     from cudashim.kernels.cuda_only_ops import OPS
     from cudashim.patches import kernel_gaps

@@ -457,7 +457,7 @@ def test_every_runtime_table_entry_reaches_a_scan_rule(tmp_path, monkeypatch):
     from cudashim.patches import version_gates
     uses += [(f"{gate.api_name}()", "version-answer") for gate in version_gates.BY_CALLER]
     from cudashim.tables import meshes
-    uses += [(f"{name}('cuda')", "device-mesh") for name in (*meshes.CALLS, *meshes.NOT_SERVED)]
+    uses += [(f"{name}('cuda')", "device-mesh") for name in meshes.CALLS]
     imports = sorted({use.split(".")[0] for use, _ in uses if not use.startswith(("import", "os"))})
     header = ["import os", *(f"import {name.rstrip('()')}" for name in imports)]
     (tmp_path / "uses.py").write_text("\n".join(header + [use for use, _ in uses]) + "\n")

@@ -6,6 +6,8 @@ every accelerator.
   input is on CUDA, XPU or a PrivateUse1 device (``aten/src/ATen/native/RNN.cpp``). The
   backward ops their derivative formulas call are written here too, in the gate order and
   the workspace layout of CUDA's kernels, so autograd's formulas work unchanged.
+- CUDA's fused attention (flash and memory-efficient, forward and backward), which context
+  parallelism's ring attention and libraries call by name (``kernels/fused_attention.py``).
 - ``nn.SyncBatchNorm`` on more than one rank computes its statistics and its backward with
   ``aten::batch_norm_stats``, ``..._gather_stats_with_counts``, ``..._elemt``,
   ``..._backward_reduce`` and ``..._backward_elemt`` (``torch/nn/modules/_functions.py``).
@@ -23,6 +25,8 @@ registers each for the target's dispatch key where the target has no kernel of i
 from __future__ import annotations
 
 import torch
+
+from . import fused_attention
 
 
 def _gates(input_gates, hidden_gates, input_bias, hidden_bias):
@@ -185,4 +189,5 @@ OPS = {
     "batch_norm_elemt": batch_norm_elemt,
     "batch_norm_backward_reduce": batch_norm_backward_reduce,
     "batch_norm_backward_elemt": batch_norm_backward_elemt,
+    **fused_attention.OPS,
 }

@@ -454,7 +454,7 @@ class FileScanner(ast.NodeVisitor):
             self._extension(node, builder)
         elif qualified.startswith("ctypes") and self._loaded_library(node):
             return                                          # its argument is this finding
-        elif qualified in meshes.CALLS or qualified in meshes.NOT_SERVED:
+        elif qualified in meshes.CALLS:
             self._add(node, self.target.mesh_call(qualified), "device-mesh")
         elif qualified in frameworks.ENTRY_POINTS:
             framework = frameworks.ENTRY_POINTS[qualified]

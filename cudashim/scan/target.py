@@ -139,9 +139,6 @@ class Target:
         if not self.redirects:
             return HANDLED, "native CUDA", None
         from ..tables import meshes
-        if name in meshes.NOT_SERVED:
-            what, fix = meshes.NOT_SERVED[name]
-            return NEEDS_CHANGE, what.format(device=self.device_type), fix
         return HANDLED, meshes.CALLS[name].format(device=self.device_type, collective=self.collective), None
 
     def visible_devices(self) -> Verdict:

@@ -1,10 +1,10 @@
 """The calls of torch's device-mesh stack that depend on the mesh's device, and what each gets on
 a target: the scan's table (rule CS115, ``device-mesh``). What each entry says is what the run
 does (``patches/distributed``: the mesh's device type, DTensor's random state, FSDP2's streams,
-the collectives), proven by the programs the device-target tests run (``mesh_parallel.py``: FSDP2 +
-TP on a 2-D mesh with bfloat16, CPU offload and a distributed checkpoint resumed by another world
-size; ``pipeline_schedules.py``; ``mesh_fsdp.py``). {device} is the target's device type,
-{collective} its collective library.
+the collectives, attention on DTensors), proven by the programs the device-target tests run
+(``mesh_parallel.py``: FSDP2 + TP on a 2-D mesh with bfloat16, CPU offload and a distributed
+checkpoint resumed by another world size, context parallelism; ``pipeline_schedules.py``;
+``mesh_fsdp.py``). {device} is the target's device type, {collective} its collective library.
 """
 
 _MESH = "a mesh of the {device} devices, its groups over '{collective}'"
@@ -15,14 +15,12 @@ _FSDP2 = ("FSDP2 shards over the {device} mesh, its streams the target's; MixedP
           "and CPUOffloadPolicy as on CUDA")
 _CHECKPOINT = "a sharded checkpoint of the {device} DTensors, which another world size loads"
 _SCHEDULE = "a pipeline schedule: the stages' sends and receives run over '{collective}'"
-# Context parallelism's ring attention is written for CUDA's attention kernels (flash, memory-
-# efficient, cuDNN); the CPU's SDPA takes its own flash kernel, which it has no ring for
-# ("Operator aten._scaled_dot_product_flash_attention_for_cpu.default does not have a sharding
-# strategy registered"): not served yet.
-_CONTEXT_PARALLEL = ("context parallelism: its ring attention takes CUDA's attention kernels, "
-                     "which the {device} device's scaled_dot_product_attention does not run; "
-                     "cudashim does not serve it yet")
-_CONTEXT_PARALLEL_FIX = "shard the batch instead (FSDP, DDP) on this target, or keep the sequence whole"
+# Context parallelism's ring attention runs CUDA's attention ops on each rank's blocks of the
+# sequence; cudashim computes them on the target (kernels/fused_attention.py) and sends the
+# sequence-sharded call there (patches/distributed/mesh_attention.py).
+_CONTEXT_PARALLEL = ("context parallelism: ring attention over the {device} mesh, each block's "
+                     "attention computed by cudashim's kernels for CUDA's attention ops, the blocks "
+                     "passed over '{collective}'")
 
 # qualified name -> what it gets, where it runs
 CALLS = {
@@ -44,9 +42,5 @@ CALLS = {
     "torch.distributed.pipelining.ScheduleGPipe": _SCHEDULE,
     "torch.distributed.pipelining.Schedule1F1B": _SCHEDULE,
     "torch.distributed.pipelining.ScheduleInterleaved1F1B": _SCHEDULE,
-}
-
-# qualified name -> (what it gets, the change it needs), where it does not run
-NOT_SERVED = {
-    "torch.distributed.tensor.experimental.context_parallel": (_CONTEXT_PARALLEL, _CONTEXT_PARALLEL_FIX),
+    "torch.distributed.tensor.experimental.context_parallel": _CONTEXT_PARALLEL,
 }

