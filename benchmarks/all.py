@@ -9,7 +9,10 @@ table there.
 
 Each benchmark writes benchmarks/results/NAME.json, which this adds the host to (the CPU, its
 SIMD flags, the commit, the date) and which the repository keeps: a benchmark not run this
-time keeps its last table, under the host and commit that measured it. Run it from a
+time keeps its last table, under the host and commit that measured it. A copy goes to
+benchmarks/results/hosts/HOST/NAME.json (``host.key``): each section shows the last run, then the
+last run on every other host, so a change that is slow only on a host unlike the last one's
+shows. Run it from a
 checkout whose compiled parts are built in place (``./scripts/tox -e benchmarks`` does both),
 on a machine doing nothing else.
 """
@@ -63,9 +66,12 @@ def run(name, quick, sources):
         result = json.load(f)
     result["regenerated"] = {**host.describe(), "quick": quick, "seconds": round(time.perf_counter() - started),
                              "command": "python benchmarks/all.py" + (" --quick" if quick else "")}
-    with open(out, "w") as f:
-        json.dump(result, f, indent=1)
-        f.write("\n")
+    kept = os.path.join(RESULTS, "hosts", host.key(result["regenerated"]))
+    os.makedirs(kept, exist_ok=True)
+    for path in (out, os.path.join(kept, f"{name}.json")):
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+            f.write("\n")
 
 
 def load(name):
@@ -74,6 +80,19 @@ def load(name):
             return json.load(f)
     except (OSError, ValueError):
         return None
+
+
+def other_hosts(name, result):
+    """The last results of ``name`` from every host but the one ``result`` ran on."""
+    folder = os.path.join(RESULTS, "hosts")
+    here = host.key(result["regenerated"]) if result.get("regenerated") else None
+    found = []
+    for key in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        path = os.path.join(folder, key, f"{name}.json")
+        if key != here and os.path.exists(path):
+            with open(path) as f:
+                found.append(json.load(f))
+    return found
 
 
 def provenance(result):
@@ -349,6 +368,10 @@ def render():
             continue
         heading, lines = renderer(result)
         out += [f"## {heading}", "", *lines, "", provenance(result), ""]
+        for other in other_hosts(name, result):
+            out += [f"### The same on another host: {other['regenerated']['cpu']} "
+                    f"({' '.join(other['regenerated']['cpu_flags'])})", "",
+                    *renderer(other)[1], "", provenance(other), ""]
     with open(os.path.join(ROOT, "BENCHMARKS.md"), "w") as f:
         f.write("\n".join(out))
     print("wrote BENCHMARKS.md")

@@ -10,6 +10,10 @@ import subprocess
 SIMD_FLAGS = ("sse2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_bf16",
               "avx512_fp16", "amx_bf16", "amx_fp16", "amx_tile", "asimd", "sve", "bf16", "fphp")
 
+# The flags that set a host's class, narrowest first: its widest vector unit and the dtypes it
+# computes in hardware.
+TIERS = ("sse2", "avx", "avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "asimd", "sve")
+
 REPOSITORY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 
@@ -64,3 +68,13 @@ def line(info: dict) -> str:
     """One line for a table's heading."""
     return (f"{info['cpu']} ({info['cpus']} CPUs; {' '.join(info['cpu_flags']) or 'no SIMD flags read'}), "
             f"Python {info['python']}, torch {info['torch']}, at {info['commit']}, {info['date']}")
+
+
+def key(info: dict) -> str:
+    """The name a host's results are kept under: its CPU, the widest of its SIMD flags and its
+    CPU count, which decide what the tables measure (``amd-epyc-avx512_bf16-2cpu``)."""
+    model = "".join(c if c.isalnum() else "-" for c in info["cpu"].lower()).strip("-")
+    while "--" in model:
+        model = model.replace("--", "-")
+    tiers = [flag for flag in TIERS if flag in info["cpu_flags"]]
+    return f"{model}-{tiers[-1] if tiers else info['machine']}-{info['cpus']}cpu"
