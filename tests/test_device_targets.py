@@ -239,16 +239,15 @@ def _assert_dtensor_ops(seen):
         assert seen["context_parallel"]["difference"] < 1e-5, seen["context_parallel"]
 
 
-def test_dtensor_random_ops_where_every_rank_shares_one_device(tmp_path):
-    """The 2-D mesh program's random ops and attention on torchvulkan, whose one device the four ranks share:
-    its generator is Philox-shaped and reached through its module's ``__getattr__``
-    (``default_generators``), so torch's own offset tracker runs on it. Before cudashim read that
-    hook, the mesh's generator was taken to be the host's, seeded regions moved it, and every
-    shard drew the same numbers from the device's untouched generator."""
+def test_the_2d_mesh_program_where_every_rank_shares_one_device(tmp_path):
+    """The 2-D mesh program on torchvulkan, whose one device the four ranks share, trained,
+    checkpointed and resumed as on the targets with a device per rank. Its generator is
+    Philox-shaped and reached through its module's ``__getattr__`` (``default_generators``), so
+    torch's own offset tracker runs on it. Before cudashim read that hook, the mesh's generator
+    was taken to be the host's, seeded regions moved it, and every shard drew the same numbers
+    from the device's untouched generator."""
     for target in targets(where=lambda target: target.devices < 2):
-        seen = _mesh_run(tmp_path, target.name, "--rng-only", nproc=4, target=target)
-        assert seen["mesh"] == [2, 2] and seen["rng"]["device"] == target.device(0)
-        _assert_dtensor_ops(seen)
+        _train_and_resume_on_a_2d_mesh(tmp_path, target)
 
 
 @pytest.mark.torch_range
@@ -271,25 +270,30 @@ def test_data_and_tensor_parallel_training_on_a_2d_mesh(tmp_path):
             _assert_dtensor_ops(seen)
         return
     for target in [None, *runnable]:
-        where = tmp_path / (target.name if target else "cpu")
-        where.mkdir()
-        trained = _mesh_run(where, "trained", "--save", str(where / "checkpoint"), "--then-mixed", nproc=4,
-                            target=target)
-        assert trained["mesh"] == [2, 2]
-        assert trained["parameter"] == ["DTensor", target.device(0) if target else "cpu"]
-        _assert_dtensor_ops(trained)
-        assert trained["losses"] == pytest.approx(trained["reference"], rel=1e-4)
+        _train_and_resume_on_a_2d_mesh(tmp_path, target)
 
-        resumed = _mesh_run(where, "resumed", "--resume", str(where / "checkpoint"), nproc=2, target=target)
-        assert resumed["mesh"] == [1, 2]
-        assert resumed["rng"]["replicated"] == trained["rng"]["replicated"]   # the same seed, the same draws
-        assert resumed["losses"][0] == pytest.approx(trained["losses"][3], rel=1e-5)   # the weights
-        # the optimizer's state, resharded from (2, 2) to (1, 2): exact from torch 2.13, within 3e-4 on 2.7
-        assert resumed["losses"] == pytest.approx(trained["losses"][3:], rel=1e-3)
 
-        # trained again by the same ranks with MixedPrecisionPolicy(bfloat16) and CPUOffloadPolicy
-        assert trained["mixed"] != trained["losses"]                          # bfloat16 computed
-        assert trained["mixed"] == pytest.approx(trained["reference"], rel=3e-2)
+def _train_and_resume_on_a_2d_mesh(tmp_path, target: Optional[Target]):
+    where = tmp_path / (target.name if target else "cpu")
+    where.mkdir()
+    trained = _mesh_run(where, "trained", "--save", str(where / "checkpoint"), "--then-mixed", nproc=4,
+                        target=target)
+    assert trained["mesh"] == [2, 2]
+    assert trained["parameter"] == ["DTensor", target.device(0) if target else "cpu"]
+    assert trained["rng"]["device"] == (target.device(0) if target else "cpu")
+    _assert_dtensor_ops(trained)
+    assert trained["losses"] == pytest.approx(trained["reference"], rel=1e-4)
+
+    resumed = _mesh_run(where, "resumed", "--resume", str(where / "checkpoint"), nproc=2, target=target)
+    assert resumed["mesh"] == [1, 2]
+    assert resumed["rng"]["replicated"] == trained["rng"]["replicated"]   # the same seed, the same draws
+    assert resumed["losses"][0] == pytest.approx(trained["losses"][3], rel=1e-5)   # the weights
+    # the optimizer's state, resharded from (2, 2) to (1, 2): exact from torch 2.13, within 3e-4 on 2.7
+    assert resumed["losses"] == pytest.approx(trained["losses"][3:], rel=1e-3)
+
+    # trained again by the same ranks with MixedPrecisionPolicy(bfloat16) and CPUOffloadPolicy
+    assert trained["mixed"] != trained["losses"]                          # bfloat16 computed
+    assert trained["mixed"] == pytest.approx(trained["reference"], rel=3e-2)
 
 
 @pytest.mark.torch_range
