@@ -71,6 +71,11 @@ NAMES: Dict[str, Name] = {name.path: name for name in (
        "trained under its autocast may fail in backward, as it does natively on such a device"),
     _n("torch._C._set_graph_executor_optimize", "torchscript", FALLBACK,
        "as torch._C._get_graph_executor_optimize"),
+    _n("torch._native_multi_head_attention", "precision", FALLBACK,
+       "nn.MultiheadAttention's fused inference path keeps float16 as asked where float16 is "
+       "slow (its projections at float16's speed); its other path is computed by the policy"),
+    _n("torch._transformer_encoder_layer_fwd", "precision", FALLBACK,
+       "as torch._native_multi_head_attention, for nn.TransformerEncoderLayer's fused path"),
     _n("torch._foreach_norm", "reductions", FALLBACK,
        "nothing to patch: a torch without foreach norms takes each gradient's norm in "
        "clip_grad_norm_ with torch.linalg.vector_norm, which is patched"),

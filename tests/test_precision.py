@@ -409,12 +409,58 @@ def test_a_half_model_trains_and_infers_with_its_dtype_kept(speeds):
     assert all(v.dtype == HALF for v in model.state_dict().values())
 
 
+def _attention_layers():
+    """nn.MultiheadAttention and an nn.TransformerEncoder as inference code holds them: eval,
+    float16, run under no_grad, where torch takes their fused paths. One encoder layer: each
+    fused call is rounded to float16 once, where a float32 stack of them would not be."""
+    torch.manual_seed(0)
+    attention = torch.nn.MultiheadAttention(64, 4, batch_first=True)
+    encoder = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(
+        64, 4, 128, batch_first=True, activation="gelu"), 1, enable_nested_tensor=True)
+    return attention.eval().half(), encoder.eval().half()
+
+
+def _attend(attention, encoder, x, padding):
+    """What a program takes from the two: attention's output and weights, and the encoder's
+    output for a batch whose second sequence is padded (a nested batch inside)."""
+    with torch.no_grad():
+        out, weights = attention(x, x, x, need_weights=True)
+        return out, weights, encoder(x, src_key_padding_mask=padding)
+
+
+def test_the_fused_attention_layers_compute_float16_in_each_shape_classs_choice(speeds):
+    """The fused inference paths of nn.MultiheadAttention and nn.TransformerEncoderLayer (one
+    C call each, their projections inside) compute a batch in float32 where the host chose
+    float32 for compute-bound products, exactly as the layers in float32 would, rounded to
+    float16; a decoding-sized call runs as asked."""
+    import copy
+    from cudashim.precision import AS_ASKED, FLOAT32, MatmulChoices
+    attention, encoder = _attention_layers()
+    x = torch.randn(2, 12, 64).half()
+    padding = torch.zeros(2, 12, dtype=torch.bool)
+    padding[1, 8:] = True
+    wide = _attend(copy.deepcopy(attention).float(), copy.deepcopy(encoder).float(), x.float(), padding)
+    token = x[:1, :1]
+    as_asked = _attend(attention, encoder, token, padding[:1, :1])
+    speeds(SLOW_BOTH, matmuls=MatmulChoices(AS_ASKED, FLOAT32, 4, "test"), report=True)
+    for ours, expected in zip(_attend(attention, encoder, x, padding), wide):
+        assert ours.dtype == HALF and torch.equal(ours, expected.half())
+    assert _counted("torch._native_multi_head_attention") == "float16 computed in float32"
+    assert _counted("torch._transformer_encoder_layer_fwd") == "float16 computed in float32"
+    for ours, expected in zip(_attend(attention, encoder, token, padding[:1, :1]), as_asked):
+        assert ours.dtype == HALF and torch.equal(ours, expected)
+    assert _counted("torch._native_multi_head_attention (memory-bound)") == "float16 as asked"
+    assert _counted("torch._transformer_encoder_layer_fwd (memory-bound)") == "float16 as asked"
+
+
 def test_deactivation_puts_the_family_back():
     import cudashim
-    originals = (torch.mm, torch.Tensor.__matmul__, F.linear, F.scaled_dot_product_attention)
+    originals = (torch.mm, torch.Tensor.__matmul__, F.linear, F.scaled_dot_product_attention,
+                 torch._native_multi_head_attention, torch._transformer_encoder_layer_fwd)
     cudashim.activate("cpu")
     cudashim.deactivate()
-    assert (torch.mm, torch.Tensor.__matmul__, F.linear, F.scaled_dot_product_attention) == originals
+    assert (torch.mm, torch.Tensor.__matmul__, F.linear, F.scaled_dot_product_attention,
+            torch._native_multi_head_attention, torch._transformer_encoder_layer_fwd) == originals
 
 
 def test_tf32_flags_turn_the_targets_reduced_precision_matmul_on_and_off(speeds):

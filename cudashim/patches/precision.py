@@ -2,7 +2,9 @@
 
 Where the precision policy (``cudashim.precision``) says float16 is slow on the target, the
 matmul family (mm, bmm, addmm, baddbmm, matmul, einsum, linear, the convolutions,
-scaled_dot_product_attention, and the Tensor methods and ``@``) computes float16 inputs in
+scaled_dot_product_attention, the Tensor methods and ``@``, and the fused inference paths of
+``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer``, whose time is their
+projections') computes float16 inputs in
 the policy's choice for the call's shape class: a product of few rows a matrix (decoding) is
 memory-bound, and may run in float16 as asked, whose weights are half float32's size; a
 larger one computes in float32 (or bfloat16 where that is the host's fastest) and rounds the
@@ -32,6 +34,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
+from .. import torch_names
 from ..patching.rewriter import compiled_twin
 from ..patching.watched import WatchedAttributes
 from ..precision import AS_ASKED, BFLOAT16
@@ -49,6 +52,15 @@ _FUNCTIONS = (
     *((torch.Tensor, name, 0) for name in ("mm", "bmm", "addmm", "baddbmm", "matmul",
                                           "__matmul__", "__rmatmul__")),
 )
+# The fused inference paths nn.MultiheadAttention and nn.TransformerEncoderLayer take under
+# no_grad (torch's "fast path"): one C call each, projections, attention and the MLP inside,
+# out of reach of the functions above.
+_FUSED_LAYERS = ("_native_multi_head_attention", "_transformer_encoder_layer_fwd")
+
+
+def _functions():
+    fused = ((torch, name, 0) for name in _FUSED_LAYERS if torch_names.has(f"torch.{name}"))
+    return (*_FUNCTIONS, *fused)
 
 
 def install(activation):
@@ -66,7 +78,7 @@ def install(activation):
         stepped = register_optimizer_step_post_hook(lambda *_: cache.optimizer_stepped())
         activation.registry.add_undo("kept copies dropped at optimizer steps", stepped.remove)
         _drop_copies_at_data_reads(activation, cache)
-        for owner, name, first in _FUNCTIONS:
+        for owner, name, first in _functions():
             api = f"{getattr(owner, '__name__', owner)}.{name}"
             activation.replace(owner, name, functools.partial(
                 by_policy, api, first, activation.backend.device_type, cache,
@@ -85,6 +97,17 @@ def _rows_of_a_product(left, right):
     return left.numel() // left.shape[-1] if left.dim() and left.shape[-1] else None
 
 
+def _rows_of_each_position(args, kwargs):
+    """Rows of a layer's projections: one per position of its input, every token of every
+    sequence (a nested batch, as an encoder makes of a padded one, counts its tokens)."""
+    x = args[0]
+    try:
+        width = x.size(-1) if x.dim() else 0           # a nested tensor has no .shape
+        return x.numel() // width if width else None
+    except RuntimeError:                               # a layout that cannot say: compute-bound
+        return None
+
+
 def _rows_of_matmul(args, kwargs):
     left, right = args[0], args[1] if len(args) > 1 else kwargs.get("other")
     return _rows_of_a_product(left, right) if isinstance(right, torch.Tensor) else None
@@ -92,7 +115,9 @@ def _rows_of_matmul(args, kwargs):
 
 # name -> (args, kwargs) -> rows a matrix of the product, None where not known (compute-bound)
 _ROWS = {
-    "linear": lambda args, kwargs: args[0].numel() // args[0].shape[-1] if args[0].dim() and args[0].shape[-1] else None,
+    "linear": _rows_of_each_position,
+    "_native_multi_head_attention": _rows_of_each_position,
+    "_transformer_encoder_layer_fwd": _rows_of_each_position,
     "mm": _rows_of_matmul, "matmul": _rows_of_matmul, "__matmul__": _rows_of_matmul,
     "bmm": lambda args, kwargs: args[0].shape[-2],
     "__rmatmul__": lambda args, kwargs: (_rows_of_a_product(args[1], args[0])
@@ -228,7 +253,7 @@ def by_policy(api, first, device_type, cache, count, regions, policy, rows_of, c
         count(reported, f"float16 computed in {choice}")
         wide_args = [_wide(value, cache, dtype) for value in args]
         wide_kwargs = {name: _wide(value, cache, dtype) for name, value in kwargs.items()}
-        return original(*wide_args, **wide_kwargs).to(HALF)
+        return _to_half(original(*wide_args, **wide_kwargs))
 
     @functools.wraps(original)
     def computed_by_policy(*args, **kwargs):
@@ -259,6 +284,14 @@ def _floating(values):
                 yield value
         elif isinstance(value, (list, tuple)):          # einsum's operands as one list
             yield from _floating(value)
+
+
+def _to_half(result):
+    """The result in float16, as the call computed in float16 would return it: a tensor, or
+    each tensor of the tuple a fused layer returns (multi-head attention's output and weights)."""
+    if isinstance(result, tuple):
+        return tuple(_to_half(item) for item in result)
+    return result.to(HALF) if isinstance(result, torch.Tensor) and result.is_floating_point() else result
 
 
 def _all_half(args, kwargs) -> bool:
