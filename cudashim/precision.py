@@ -19,6 +19,10 @@ literally defeats them. So, by default (``amp_dtype="auto"``):
   compute-bound ones (training, prefill) run at the arithmetic's speed. The host measures
   both classes once (``MatmulChoices``, cached on disk), at the first activation that needs
   them;
+- the other ops a float16 model runs (normalization, softmax, pooling, GELU, resampling) are
+  mostly memory-bound, and as asked they often beat float32, which costs a conversion each way:
+  each is timed both ways on the host once (``tables/float16_ops.py``, cached beside the matmul
+  table) and computed in float32 only where that measured faster;
 - the TF32 flags turn on the target's reduced-precision float32 matmul where it has one
   (oneDNN's bfloat16 precision on CPUs that compute bfloat16 fast).
 
@@ -92,12 +96,16 @@ class PrecisionPolicy:
     # Measures (or looks up) the float16 matmul choices; asked once, when first needed.
     measure_matmuls: Optional[Callable[[], MatmulChoices]] = dataclasses.field(default=None, compare=False,
                                                                              repr=False)
+    # Times (or looks up) the other float16 ops both ways; asked once, when first needed.
+    measure_ops: Optional[Callable[[], Dict[str, dict]]] = dataclasses.field(default=None, compare=False,
+                                                                           repr=False)
 
     @classmethod
     def of(cls, backend, settings) -> "PrecisionPolicy":
         fast, how_known = backend.dtype_speeds()
         return cls(settings.amp_dtype, settings.tf32, backend.device_type, dict(fast), how_known,
-                   measure_matmuls=backend.float16_matmul_choices)
+                   measure_matmuls=backend.float16_matmul_choices,
+                   measure_ops=backend.float16_op_choices)
 
     @functools.cached_property
     def float16_matmuls(self) -> MatmulChoices:
@@ -110,6 +118,20 @@ class PrecisionPolicy:
         if self.widens_float16:
             return MatmulChoices(FLOAT32, FLOAT32, 0, f"--amp-dtype {self.amp_dtype}")
         return MatmulChoices(AS_ASKED, AS_ASKED, 0, self.how_known)
+
+    @functools.cached_property
+    def float16_ops(self) -> Dict[str, dict]:
+        """The float16 ops outside the matmul family, timed as asked and in float32 on the host
+        ({op: {"choice": ..., "as-asked": ms, "float32": ms}}): where float16 is slow under
+        the auto setting; empty elsewhere (every op as asked)."""
+        if self.amp_dtype != "auto" or not self.widens_float16 or self.measure_ops is None:
+            return {}
+        return self.measure_ops()
+
+    @property
+    def widened_ops(self) -> List[str]:
+        """The float16 ops outside the matmul family computed in float32 (measured faster)."""
+        return [name for name, measured in self.float16_ops.items() if measured["choice"] == FLOAT32]
 
     def autocast_dtype(self, asked: torch.dtype) -> Optional[torch.dtype]:
         """The dtype a CUDA autocast region asked for ``asked`` runs in; None: float32.
@@ -159,6 +181,7 @@ class PrecisionPolicy:
                  f"bfloat16 in {name(self.autocast_dtype(torch.bfloat16))} "
                  f"(--amp-dtype {self.amp_dtype}; also autocast on '{self.device_type}' itself)"]
         lines += self.matmul_table()
+        lines += self.op_table()
         mapped = self.float32_matmul_precision
         lines.append("TF32 flags: " + (f"oneDNN {mapped} precision for float32 matmuls" if mapped
                                        else "no reduced-precision float32 matmul on this target"
@@ -184,3 +207,20 @@ class PrecisionPolicy:
                 f"  memory-bound (at most {choices.memory_bound_rows} rows a matrix): "
                 f"{described[choices.memory_bound]}{measured('memory-bound')}",
                 f"  compute-bound: {described[choices.compute_bound]}{measured('compute-bound')}"]
+
+    def op_table(self) -> List[str]:
+        """The other float16 ops: which run as asked and which in float32, with their timings."""
+        if not self.float16_ops:
+            return []
+
+        def timed(names):
+            return ", ".join(f"{name} ({AS_ASKED} {measured[AS_ASKED]:.3g} ms, {FLOAT32} {measured[FLOAT32]:.3g} ms)"
+                             for name, measured in self.float16_ops.items() if name in names)
+        widened = self.widened_ops
+        kept = [name for name in self.float16_ops if name not in widened]
+        lines = ["other float16 ops (timed on this CPU, float32 with its two conversions; cached):"]
+        if kept:
+            lines.append(f"  as asked: {timed(kept)}")
+        if widened:
+            lines.append(f"  in float32, rounded to float16 once: {timed(widened)}")
+        return lines

@@ -106,6 +106,10 @@ def check_contract(backend, device_type):
     assert {choices.memory_bound, choices.compute_bound} <= {"as-asked", "bfloat16", "float32"}
     if fast[torch.float16]:                            # nothing to choose where float16 is fast
         assert (choices.memory_bound, choices.compute_bound) == ("as-asked", "as-asked")
+    ops = answer("float16_op_choices")                 # {op: its timings and choice}
+    assert all(timed["choice"] in ("as-asked", "float32") for timed in ops.values())
+    if fast[torch.float16]:
+        assert ops == {}
     assert answer("sdpa_backends")
     assert isinstance(answer("can_pin_memory"), bool)
     graphs = answer("native_graphs")                   # None: the fakes have no graphs of their own

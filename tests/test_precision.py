@@ -115,13 +115,15 @@ def speeds(monkeypatch):
     import cudashim
     from cudashim.backends import cpu_speed
 
-    def activate(fast, matmuls=None, **options):
+    def activate(fast, matmuls=None, ops=None, **options):
         """``matmuls``: the float16 matmul choices the host would measure (default: one
-        choice for both shape classes, from ``fast``)."""
+        choice for both shape classes, from ``fast``); ``ops``: what it would time for the
+        other float16 ops (default: none timed, every op as asked)."""
         from cudashim.precision import MatmulChoices
         chosen = matmuls or MatmulChoices.from_dtype_speeds(fast, "test")
         monkeypatch.setattr(cpu_speed, "speeds", lambda profile: (fast, "test"))
         monkeypatch.setattr(cpu_speed, "matmul_choices", lambda profile: chosen)
+        monkeypatch.setattr(cpu_speed, "op_choices", lambda profile: dict(ops or {}))
         cudashim.activate("cpu", **options)
         return cudashim
     yield activate
@@ -451,6 +453,92 @@ def test_the_fused_attention_layers_compute_float16_in_each_shape_classs_choice(
         assert ours.dtype == HALF and torch.equal(ours, expected)
     assert _counted("torch._native_multi_head_attention (memory-bound)") == "float16 as asked"
     assert _counted("torch._transformer_encoder_layer_fwd (memory-bound)") == "float16 as asked"
+
+
+def test_the_other_float16_ops_are_timed_both_ways_and_widened_only_where_float32_won():
+    """Each op of the table is timed on its sample as asked and widened (conversions counted),
+    and float32 is chosen only where it measured faster by the table's margin; the program's
+    random numbers are not drawn from."""
+    from cudashim.backends import cpu_speed
+    from cudashim.precision import AS_ASKED, FLOAT32
+    from cudashim.tables.float16_ops import OPS, WIDEN_BELOW
+    torch.manual_seed(7)
+    expected_draw = torch.rand(1)
+    torch.manual_seed(7)
+    measured = cpu_speed._measure_ops()
+    assert torch.equal(torch.rand(1), expected_draw)
+    assert set(measured) == {name for name in OPS if hasattr(F, name)}
+    for name, times in measured.items():
+        assert times[AS_ASKED] > 0 and times[FLOAT32] > 0, name
+        won = times[FLOAT32] < WIDEN_BELOW * times[AS_ASKED]
+        assert times["choice"] == (FLOAT32 if won else AS_ASKED), (name, times)
+
+
+def _timed(choice):
+    from cudashim.precision import AS_ASKED, FLOAT32
+    return {"choice": choice, AS_ASKED: 2.0 if choice == FLOAT32 else 1.0, FLOAT32: 1.5}
+
+
+def test_an_op_timed_faster_in_float32_is_computed_there_and_the_others_are_left_alone(speeds):
+    """Where the host timed group_norm and softmax faster in float32 and layer_norm faster as
+    asked: the first two compute float16 in float32, rounded once, through the functions and
+    the modules that call them; layer_norm is torch's own function, not a wrapper; a call asking
+    for an output dtype, or on float32, is torch's; doctor says which is which."""
+    import cudashim
+    from cudashim.precision import AS_ASKED, FLOAT32
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 6, 6).half()
+    norm = torch.nn.GroupNorm(4, 8).half()
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    own = {name: getattr(F, name) for name in ("group_norm", "softmax", "layer_norm")}
+    expected = {"group_norm": F.group_norm(x.float(), 4).half(),
+                "module": F.group_norm(x.float(), 4, norm.weight.float(), norm.bias.float()).half(),
+                "softmax": F.softmax(x.float(), -1).half(), "as float32": F.softmax(x, -1, dtype=torch.float32),
+                "float32 input": F.group_norm(x.float(), 4), "layer_norm": F.layer_norm(x, (6,))}
+    speeds(SLOW_BOTH, ops={"group_norm": _timed(FLOAT32), "softmax": _timed(FLOAT32),
+                           "layer_norm": _timed(AS_ASKED)}, report=True)
+    assert F.layer_norm is own["layer_norm"]
+    assert F.group_norm is not own["group_norm"] and F.softmax is not own["softmax"]
+    got = {"group_norm": F.group_norm(x, 4), "module": norm(x), "softmax": F.softmax(x, -1),
+           "as float32": F.softmax(x, -1, dtype=torch.float32), "float32 input": F.group_norm(x.float(), 4),
+           "layer_norm": F.layer_norm(x, (6,))}
+    for name, value in got.items():
+        assert value.dtype == expected[name].dtype and torch.equal(value, expected[name]), name
+    assert _counted("torch.nn.functional.group_norm") == "float16 computed in float32 (measured faster here)"
+    assert _counted("torch.nn.functional.softmax") == "float16 computed in float32 (measured faster here)"
+    table = "\n".join(cudashim.activation.current_activation().precision.describe())
+    assert "as asked: layer_norm (as-asked 1 ms, float32 1.5 ms)" in table, table
+    assert "in float32, rounded to float16 once: group_norm (as-asked 2 ms, float32 1.5 ms), softmax" in table, table
+    cudashim.deactivate()
+    assert all(getattr(F, name) is function for name, function in own.items())
+
+
+def test_a_model_holding_a_widened_function_is_copied_and_saved_whole(speeds):
+    """nn.TransformerEncoderLayer keeps F.gelu as its activation, and its encoder deep-copies
+    the layer; torch.save(model) pickles it whole. Where gelu is widened the copies hold the
+    same function, and the pickle holds torch's own, so it loads without cudashim."""
+    import copy
+    import io
+    import cudashim
+    from cudashim import speedups
+    from cudashim.precision import FLOAT32
+    if speedups.chosen(cudashim._settings.load()) is None:
+        pytest.skip("the compiled fast path does not run here: the pure-Python wrappers are "
+                    "functions, which pickle by their name")
+    own_gelu = F.gelu
+    speeds(SLOW_BOTH, ops={"gelu": _timed(FLOAT32)})
+    assert F.gelu is not own_gelu and copy.deepcopy(F.gelu) is F.gelu and copy.copy(F.gelu) is own_gelu
+    layer = torch.nn.TransformerEncoderLayer(16, 2, 32, activation="gelu", batch_first=True)
+    encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).half()
+    assert all(block.activation is F.gelu for block in encoder.layers)
+    saved = io.BytesIO()
+    torch.save(encoder, saved)
+    saved.seek(0)
+    loaded = torch.load(saved, weights_only=False)
+    assert all(block.activation is own_gelu for block in loaded.layers)
+    x = torch.randn(2, 5, 16).half()
+    assert torch.equal(loaded.eval()(x), encoder.eval()(x))
 
 
 def test_deactivation_puts_the_family_back():

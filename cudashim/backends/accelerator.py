@@ -183,6 +183,12 @@ class AcceleratorBackend(Backend):
         from . import cpu_speed
         return cpu_speed.matmul_choices(self.settings.host_profile)
 
+    def float16_op_choices(self):
+        if not self.computes_with_host_kernels:
+            return super().float16_op_choices()
+        from . import cpu_speed
+        return cpu_speed.op_choices(self.settings.host_profile)
+
     def is_bf16_supported(self, including_emulation: bool = True) -> bool:
         """As CUDA answers: True where the device computes bfloat16 natively; else, with
         emulation counted (CUDA's default, which the Hugging Face Trainer's ``--bf16`` gate

@@ -304,6 +304,11 @@ class Backend:
         from ..precision import MatmulChoices
         return MatmulChoices.from_dtype_speeds(*self.dtype_speeds())
 
+    def float16_op_choices(self) -> dict:
+        """What the float16 ops outside the matmul family compute in, timed on the target
+        (``cpu_speed.op_choices``). Accelerators: every op as asked."""
+        return {}
+
     def sdpa_backends(self) -> frozenset:
         """The scaled-dot-product-attention kernels the target really has."""
         from torch.nn.attention import SDPBackend

@@ -175,6 +175,10 @@ class CPUBackend(HostStreams, Backend):
         from . import cpu_speed
         return cpu_speed.matmul_choices(self.settings.host_profile)
 
+    def float16_op_choices(self):
+        from . import cpu_speed
+        return cpu_speed.op_choices(self.settings.host_profile)
+
     def sdpa_backends(self) -> frozenset:
         from torch.nn.attention import SDPBackend
         return frozenset({SDPBackend.MATH, SDPBackend.FLASH_ATTENTION})

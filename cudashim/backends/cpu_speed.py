@@ -226,6 +226,56 @@ def _measure_matmuls() -> dict:
                         "compute-bound": {**compute, "rows": _COMPUTE_BOUND_ROWS}}}
 
 
+# --- the other float16 ops ---------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def op_choices(profile: str = MEASURED) -> Dict[str, dict]:
+    """What the float16 ops outside the matmul family (``tables/float16_ops.py``) compute in on
+    this CPU: {op: {"choice": "as-asked" or "float32", "as-asked": ms, "float32": ms}}, each
+    timed both ways once per CPU, thread count and torch version (cached). Empty where float16
+    is fast; a host profile takes each op as asked, as the AVX2 and AVX-512 hosts measured."""
+    fast, _ = speeds(profile)
+    if fast[torch.float16] or profile != MEASURED:
+        return {}
+    key = (f"{_cpu_model()} [{_flags_key()}], "
+           f"{torch.get_num_threads()} threads, torch {torch.__version__}")
+    return _cached(cache_file("float16-ops.json"), key, _measure_ops)
+
+
+def _measure_ops() -> Dict[str, dict]:
+    """Each op of the table on its sample, float16 as asked against widened to float32 and
+    narrowed back (the conversions counted), the two taking turns and the best of each kept:
+    a choice cached for good must not follow a moment's load. torch's own functions: the
+    precision patches may be installed by now, but not yet over these."""
+    from ..precision import AS_ASKED, FLOAT32
+    from ..tables.float16_ops import OPS, SAMPLES, WIDEN_BELOW
+    import torch.nn.functional as F
+    numbers = torch.Generator().manual_seed(0)         # the program's own generator untouched
+    samples = {kind: torch.randn(shape, generator=numbers).half() for kind, shape in SAMPLES.items()}
+    measured = {}
+    with torch.no_grad():
+        for name, (kind, rest) in OPS.items():
+            op = getattr(F, name, None)
+            if op is None:                              # rms_norm before torch 2.4
+                continue
+            x = samples[kind]
+            asked, wide = _best_of_turns(lambda: op(x, *rest), lambda: op(x.float(), *rest).half())
+            measured[name] = {"choice": FLOAT32 if wide < WIDEN_BELOW * asked else AS_ASKED,
+                              AS_ASKED: asked, FLOAT32: wide}
+    return measured
+
+
+def _best_of_turns(first, second, turns: int = 9):
+    """The best milliseconds of each of two calls, taking turns after two warm-up turns."""
+    best = [float("inf"), float("inf")]
+    for turn in range(turns + 2):
+        for index, call in enumerate((first, second)):
+            start = time.perf_counter()
+            call()
+            if turn >= 2:
+                best[index] = min(best[index], (time.perf_counter() - start) * 1e3)
+    return best
+
+
 def _measure() -> Dict[str, bool]:
     """Time one small matmul per dtype; fast is at most ``_FAST_WITHIN`` times float32's time."""
     def best(dtype):

@@ -19,6 +19,10 @@ forward of autograd Functions such as Megatron's tensor-parallel layers) are wid
 per version and storage and kept, so ``model.half()`` generation does not convert every
 weight on every token; an optimizer step, and a read of a parameter's ``.data``, drop them.
 
+The other float16 ops a model runs (normalization, softmax, pooling, GELU, resampling) are
+computed in float32 only where the host measured that faster (``by_measurement``); elsewhere,
+most hosts, they run as asked and are not wrapped at all.
+
 Where the target has a reduced-precision float32 matmul, the program's own TF32 flags
 (``torch.backends.cuda.matmul.allow_tf32``, ``...matmul.fp32_precision``,
 ``torch.backends.cudnn.allow_tf32``, ``torch.set_float32_matmul_precision``) turn it on and
@@ -67,8 +71,9 @@ def install(activation):
     policy = activation.precision
     if policy.widens_float16:
         # Measured (or read from the cache) now, not at the first float16 matmul, which may
-        # come while torch.compile traces the family.
+        # come while torch.compile traces the family; the other ops before any is replaced.
         policy.float16_matmuls
+        policy.float16_ops
         cache = WideningCache()
         activation.registry.add_undo("float16 weights kept in float32", cache.clear)
         # An optimizer may write parameters in ways no version counter sees (master weights
@@ -84,6 +89,10 @@ def install(activation):
                 by_policy, api, first, activation.backend.device_type, cache,
                 activation.count, policy.float32_regions, policy, _ROWS.get(name),
                 activation.compiled))
+        for name in policy.widened_ops:
+            activation.replace(F, name, functools.partial(
+                by_measurement, f"torch.nn.functional.{name}", activation.backend.device_type, cache,
+                activation.count, activation.compiled))
     if policy.float32_matmul_precision is not None:
         _map_tf32(activation, policy.float32_matmul_precision)
 
@@ -275,6 +284,37 @@ def by_policy(api, first, device_type, cache, count, regions, policy, rows_of, c
     # Calls outside float16, nearly all of them where the policy widens, skip the Python frame.
     gate = compiled.HalfGate(original, widened, reconciled, regions, HALF, first)
     return compiled_twin(gate, computed_by_policy)
+
+
+class _NoRegion:
+    """The float32 regions of a function outside the matmul family: none (mixed dtypes there
+    are torch's to judge)."""
+    depth = 0
+
+
+def by_measurement(api, device_type, cache, count, compiled, original):
+    """``original``, an op outside the matmul family that this host computes faster in float32
+    than in float16 (measured: ``tables/float16_ops.py``), on float16 inputs widened to float32
+    and its result rounded to float16 once. A call asking for an output dtype, inside an
+    autocast region, or with other dtypes among its inputs goes to torch as it is."""
+    def widened(*args, **kwargs):
+        if torch.is_autocast_enabled(device_type) or kwargs.get("dtype") is not None \
+                or not _all_half(args, kwargs):
+            return original(*args, **kwargs)
+        count(api, "float16 computed in float32 (measured faster here)")
+        return _to_half(original(*[_wide(value, cache) for value in args],
+                                 **{name: _wide(value, cache) for name, value in kwargs.items()}))
+
+    @functools.wraps(original)
+    def computed_by_measurement(*args, **kwargs):
+        if args and getattr(args[0], "dtype", None) is HALF:
+            return widened(*args, **kwargs)
+        return original(*args, **kwargs)
+
+    if compiled is None:
+        return computed_by_measurement
+    gate = compiled.HalfGate(original, widened, original, _NoRegion(), HALF, 0)
+    return compiled_twin(gate, computed_by_measurement)
 
 
 def _floating(values):

@@ -16,6 +16,7 @@ import functools
 import importlib
 import inspect
 import logging
+import operator
 from typing import Any, Callable, Optional, Tuple
 
 import torch
@@ -231,7 +232,21 @@ def compiled_twin(compiled, python):
     # torch 2.7's dynamo guards a traced twin's closure through the name it found the wrapper
     # by (F.linear.__closure__[0]): the wrapper answers with its twin's cells.
     compiled.__closure__ = getattr(python, "__closure__", None)
+    # Modules keep functions as attributes (nn.TransformerEncoderLayer's ``activation`` is
+    # F.gelu) and are deep-copied (its encoder clones the layer) and pickled (torch.save of a
+    # whole model). A function is copied as itself, and pickled as the function it wraps:
+    # a pickle made under cudashim loads without it.
+    compiled.__deepcopy__ = functools.partial(_itself, compiled)
+    compiled.__reduce_ex__ = functools.partial(_as_the_wrapped_function, compiled.__wrapped__)
     return compiled
+
+
+def _itself(function, memo):
+    return function
+
+
+def _as_the_wrapped_function(wrapped, protocol):
+    return operator.getitem, ((wrapped,), 0)
 
 
 def _slot(activation, declaration, argument, original):
