@@ -495,13 +495,15 @@ def test_an_op_timed_faster_in_float32_is_computed_there_and_the_others_are_left
     expected = {"group_norm": F.group_norm(x.float(), 4).half(),
                 "module": F.group_norm(x.float(), 4, norm.weight.float(), norm.bias.float()).half(),
                 "softmax": F.softmax(x.float(), -1).half(), "as float32": F.softmax(x, -1, dtype=torch.float32),
-                "float32 input": F.group_norm(x.float(), 4), "layer_norm": F.layer_norm(x, (6,))}
+                "float32 input": F.group_norm(x.float(), 4), "layer_norm": F.layer_norm(x, (6,)),
+                "as float32, positionally": F.softmax(x, -1, dtype=torch.float32)}
     speeds(SLOW_BOTH, ops={"group_norm": _timed(FLOAT32), "softmax": _timed(FLOAT32),
                            "layer_norm": _timed(AS_ASKED)}, report=True)
     assert F.layer_norm is own["layer_norm"]
     assert F.group_norm is not own["group_norm"] and F.softmax is not own["softmax"]
     got = {"group_norm": F.group_norm(x, 4), "module": norm(x), "softmax": F.softmax(x, -1),
            "as float32": F.softmax(x, -1, dtype=torch.float32), "float32 input": F.group_norm(x.float(), 4),
+           "as float32, positionally": F.softmax(x, -1, 3, torch.float32),
            "layer_norm": F.layer_norm(x, (6,))}
     for name, value in got.items():
         assert value.dtype == expected[name].dtype and torch.equal(value, expected[name]), name
@@ -612,6 +614,8 @@ def test_the_host_profiles_stand_for_the_cpus_they_name():
     bf16, slow = cpu_speed.matmul_choices("bfloat16"), cpu_speed.matmul_choices("slow")
     assert (bf16.for_rows(2), bf16.for_rows(256)) == (AS_ASKED, BFLOAT16)
     assert (slow.for_rows(4), slow.for_rows(5)) == (AS_ASKED, FLOAT32)
+    # a profile stands for the matmul table; the other float16 ops run as asked under each
+    assert all(cpu_speed.op_choices(profile) == {} for profile in ("fast", "bfloat16", "slow"))
 
 
 @pytest.mark.parametrize("profile, runs_in", [("slow", None), ("bfloat16", BF16), ("fast", HALF)])

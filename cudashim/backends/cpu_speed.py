@@ -172,30 +172,25 @@ def _flags_key() -> str:
                                 "amx_bf16", "amx_fp16") if f in have)
 
 
-def _time_choice(rows: int, choice: str) -> float:
-    """Median milliseconds of one F.linear of ``rows`` float16 rows by a 1024 x 1024 float16
-    weight, computed as ``choice`` does (the weight converted beforehand, as it is kept).
-    torch's own C function: F.linear may be the policy's patched one by now."""
+def _choice_call(rows: int, choice: str):
+    """One F.linear of ``rows`` float16 rows by a 1024 x 1024 float16 weight, computed as
+    ``choice`` does (the weight converted beforehand, as it is kept). torch's own C function:
+    F.linear may be the policy's patched one by now."""
     from ..precision import AS_ASKED, BFLOAT16
     linear = torch._C._nn.linear
     numbers = torch.Generator().manual_seed(0)         # the program's own generator untouched
     x = torch.randn(rows, _WIDTH, generator=numbers).half()
     weight = torch.randn(_WIDTH, _WIDTH, generator=numbers).half()
     if choice == AS_ASKED:
-        def call():
-            linear(x, weight)
-    else:
-        dtype = torch.bfloat16 if choice == BFLOAT16 else torch.float32
-        kept = weight.to(dtype)
+        return lambda: linear(x, weight)
+    dtype = torch.bfloat16 if choice == BFLOAT16 else torch.float32
+    kept = weight.to(dtype)
+    return lambda: linear(x.to(dtype), kept).half()
 
-        def call():
-            linear(x.to(dtype), kept).half()
-    times = []
-    for _ in range(7):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return sorted(times[2:])[len(times[2:]) // 2] * 1e3       # two warm-up calls
+
+def _time_choices(rows: int, choices) -> Dict[str, float]:
+    """The best milliseconds of each choice at ``rows`` rows, the choices taking turns."""
+    return dict(zip(choices, _best_of_turns(*(_choice_call(rows, choice) for choice in choices))))
 
 
 def _fastest(times: Dict[str, float]) -> str:
@@ -209,15 +204,17 @@ def _measure_matmuls() -> dict:
     from ..precision import AS_ASKED, BFLOAT16, FLOAT32
     choices = (AS_ASKED, BFLOAT16, FLOAT32)
     with torch.no_grad():
-        memory = {c: _time_choice(_MEMORY_BOUND_ROWS, c) for c in choices}
-        compute = {c: _time_choice(_COMPUTE_BOUND_ROWS, c) for c in choices}
+        memory = _time_choices(_MEMORY_BOUND_ROWS, choices)
+        compute = _time_choices(_COMPUTE_BOUND_ROWS, choices)
         memory_choice, compute_choice = _fastest(memory), _fastest(compute)
         # Where the classes differ, the memory-bound choice holds up to the largest row count
         # (doubling from the decoding batch) at which it still beats the compute-bound one.
         rows = _MEMORY_BOUND_ROWS
         if memory_choice != compute_choice:
-            while rows * 2 < _COMPUTE_BOUND_ROWS and \
-                    _time_choice(rows * 2, memory_choice) < _time_choice(rows * 2, compute_choice):
+            while rows * 2 < _COMPUTE_BOUND_ROWS:
+                times = _time_choices(rows * 2, (memory_choice, compute_choice))
+                if times[memory_choice] >= times[compute_choice]:
+                    break
                 rows *= 2
         else:
             rows = _COMPUTE_BOUND_ROWS
@@ -232,7 +229,7 @@ def op_choices(profile: str = MEASURED) -> Dict[str, dict]:
     """What the float16 ops outside the matmul family (``tables/float16_ops.py``) compute in on
     this CPU: {op: {"choice": "as-asked" or "float32", "as-asked": ms, "float32": ms}}, each
     timed both ways once per CPU, thread count and torch version (cached). Empty where float16
-    is fast; a host profile takes each op as asked, as the AVX2 and AVX-512 hosts measured."""
+    is fast, and under a host profile, which stands for the matmul table: each op as asked."""
     fast, _ = speeds(profile)
     if fast[torch.float16] or profile != MEASURED:
         return {}
@@ -243,8 +240,7 @@ def op_choices(profile: str = MEASURED) -> Dict[str, dict]:
 
 def _measure_ops() -> Dict[str, dict]:
     """Each op of the table on its sample, float16 as asked against widened to float32 and
-    narrowed back (the conversions counted), the two taking turns and the best of each kept:
-    a choice cached for good must not follow a moment's load. torch's own functions: the
+    narrowed back (the conversions counted), the two taking turns. torch's own functions: the
     precision patches may be installed by now, but not yet over these."""
     from ..precision import AS_ASKED, FLOAT32
     from ..tables.float16_ops import OPS, SAMPLES, WIDEN_BELOW
@@ -264,11 +260,12 @@ def _measure_ops() -> Dict[str, dict]:
     return measured
 
 
-def _best_of_turns(first, second, turns: int = 9):
-    """The best milliseconds of each of two calls, taking turns after two warm-up turns."""
-    best = [float("inf"), float("inf")]
+def _best_of_turns(*calls, turns: int = 7):
+    """The best milliseconds of each call, the calls taking turns after two warm-up turns: a
+    choice cached for good must not follow a moment's load on the machine."""
+    best = [float("inf")] * len(calls)
     for turn in range(turns + 2):
-        for index, call in enumerate((first, second)):
+        for index, call in enumerate(calls):
             start = time.perf_counter()
             call()
             if turn >= 2:

@@ -299,7 +299,7 @@ def by_measurement(api, device_type, cache, count, compiled, original):
     autocast region, or with other dtypes among its inputs goes to torch as it is."""
     def widened(*args, **kwargs):
         if torch.is_autocast_enabled(device_type) or kwargs.get("dtype") is not None \
-                or not _all_half(args, kwargs):
+                or any(value.__class__ is torch.dtype for value in args) or not _all_half(args, kwargs):
             return original(*args, **kwargs)
         count(api, "float16 computed in float32 (measured faster here)")
         return _to_half(original(*[_wide(value, cache) for value in args],

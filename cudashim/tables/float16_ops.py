@@ -12,9 +12,11 @@ timed on ("tokens": 4 x 128 x 1024, a transformer's activations; "images": 8 x 6
 a convnet's), and the arguments after the input.
 
 Left out, because computing on a widened copy would lose a write the op makes in place:
-``batch_norm`` and ``instance_norm`` (their running statistics, in training), ``embedding``
-(``max_norm`` renormalizes the weight), and the activations with ``inplace=`` (``relu``,
-``silu``, ``hardtanh``...). Methods called on a tensor (``x.softmax(-1)``) are not reached.
+``batch_norm`` and ``instance_norm`` (their running statistics, in training), and the
+activations with ``inplace=`` (``relu``, ``silu``, ``hardtanh``...). ``embedding`` is a
+lookup, as asked always (widened, it would convert the whole table, 20 times slower here),
+and its ``max_norm`` renormalizes the weight in place. Methods called on a tensor
+(``x.softmax(-1)``) are not reached.
 """
 
 OPS = {
