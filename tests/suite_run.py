@@ -8,8 +8,8 @@ test fails.
   machine (kept under the suite's cache): two workers then end on short tests together instead
   of one idling while the other finishes a long run. A test no run measured yet starts first.
 - Torch's extension builds (the test accelerator, DeepSpeed's CPU ops) are kept between runs,
-  keyed by what they are built from (torch, Python, machine and the environment whose torch and
-  ninja build them); inductor's compiled code between environments and runs (keyed by torch,
+  keyed by what they are built from (torch, Python, machine; DeepSpeed's version and the place
+  of its environment); inductor's compiled code between environments and runs (keyed by torch,
   Python, machine and torch's kernels).
 - Every test process, and every program a test starts, computes on one intra-op thread
   (``OMP_NUM_THREADS=1`` unless set): the two workers keep the cores busy already.
@@ -54,7 +54,7 @@ def pytest_configure(config):
         builds = suite_cache() / "builds" / (
             f"torch-{_torch_version()}-py{sys.version_info[0]}{sys.version_info[1]}-{platform.machine()}")
         os.environ.setdefault("TORCH_EXTENSIONS_DIR",
-                              str(extension_builds(builds / "extensions")))
+                              str(extension_builds(builds / _extensions_folder())))
         # Inductor's cache does not key its code by torch's kernels: code made for AVX-512 and
         # read under ATEN_CPU_CAPABILITY=default fails to compile. A folder for each.
         kernels = os.environ.get("ATEN_CPU_CAPABILITY") or "native"
@@ -87,15 +87,47 @@ def _torch_version() -> str:
     return version("torch")
 
 
+def _extensions_folder() -> str:
+    """Where torch's extension builds go, under the folder of this torch, Python and machine.
+
+    One folder for every environment without DeepSpeed, in every checkout: the test accelerator
+    files each build by a hash of its sources and the torch it is for, and loads one made before
+    without a build command, so a fresh clone's environments take the build an earlier one made.
+
+    DeepSpeed's CPU ops (cpu_adam, fused_adam, shm_comm: 150 CPU-seconds here) are built by ninja,
+    which rebuilds an object when its command changes (the include paths name the environment) or
+    a source is newer; pip writes every file it installs with the time it installs it. So an
+    environment with DeepSpeed gets a folder of its own version and its place, and DeepSpeed's
+    sources are given one fixed time there (``_settle_deepspeed_sources``): the environment made
+    again at the same place, as a fresh clone's CI makes it, takes the last one's builds.
+    torch's headers come in as system headers (-isystem), which ninja does not follow."""
+    from importlib.util import find_spec
+    spec = find_spec("deepspeed")
+    if spec is None or not spec.submodule_search_locations:
+        return "extensions"
+    from hashlib import sha256
+    from importlib.metadata import version
+    place = sha256(sys.prefix.encode()).hexdigest()[:12]
+    _settle_deepspeed_sources(Path(spec.submodule_search_locations[0]) / "ops" / "csrc")
+    return f"extensions-deepspeed-{version('deepspeed')}-{place}"
+
+
+# What DeepSpeed's sources are dated in a test environment: older than any build made from them.
+SETTLED_SOURCES = 946684800              # 2000-01-01
+
+
+def _settle_deepspeed_sources(sources: Path) -> None:
+    for path in sources.rglob("*"):
+        try:
+            if path.is_file() and path.stat().st_mtime != SETTLED_SOURCES:
+                os.utime(path, (SETTLED_SOURCES, SETTLED_SOURCES))
+        except OSError:                 # a read-only installation: its builds are made again
+            return
+
+
 def extension_builds(folder: Path) -> Path:
     """``folder`` made, with the locks of killed builds in it cleared (torch's builds lock
-    ``NAME/lock``, the test accelerator's ``NAME/HASH/lock``). One folder for every environment
-    with the same torch, Python and machine, in every checkout: the test accelerator files each
-    build by a hash of its sources and the torch it is for, and loads one made before without a
-    build command, so a fresh clone's environments take the build an earlier one made (40
-    CPU-seconds each, and the other worker's wait on its lock). DeepSpeed's CPU ops, which only
-    the frameworks environment builds, are built again by each new environment whatever the
-    folder: pip installs torch's headers and DeepSpeed's sources newer than any object."""
+    ``NAME/lock``, the test accelerator's ``NAME/HASH/lock``)."""
     folder.mkdir(parents=True, exist_ok=True)
     for lock in (*folder.glob("*/lock"), *folder.glob("*/*/lock")):
         try:

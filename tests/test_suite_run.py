@@ -57,3 +57,28 @@ def test_tests_start_longest_first_by_the_last_run_of_the_same_pass(tmp_path):
     assert order() == ["test_quick", "test_slow", "test_fails"]            # nothing measured: as written
     assert order()[0] == "test_slow"                                       # measured: the longest first
     assert order("--pure-python") == ["test_quick", "test_slow", "test_fails"]   # another pass: its own
+
+
+def test_deepspeeds_builds_are_kept_by_its_version_and_place_and_survive_a_new_installation(
+        tmp_path, monkeypatch):
+    """An environment with DeepSpeed files its op builds under DeepSpeed's version and the
+    environment's place, and dates DeepSpeed's sources once, so that ninja finds the builds of
+    the environment made there before up to date; one without DeepSpeed shares one folder."""
+    import importlib.util
+    import suite_run
+    site = tmp_path / "site"
+    sources = site / "deepspeed" / "ops" / "csrc" / "adam"
+    sources.mkdir(parents=True)
+    (site / "deepspeed" / "__init__.py").write_text("")
+    (sources / "cpu_adam.cpp").write_text("// just installed\n")
+    (site / "deepspeed-9.8.7.dist-info").mkdir()
+    (site / "deepspeed-9.8.7.dist-info" / "METADATA").write_text("Name: deepspeed\nVersion: 9.8.7\n")
+    if importlib.util.find_spec("deepspeed") is None:               # this environment has none
+        assert suite_run._extensions_folder() == "extensions"
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+    folder = suite_run._extensions_folder()
+    assert folder.startswith("extensions-deepspeed-9.8.7-") and len(folder) == len("extensions-deepspeed-9.8.7-") + 12
+    assert (sources / "cpu_adam.cpp").stat().st_mtime == suite_run.SETTLED_SOURCES
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "elsewhere"))
+    assert suite_run._extensions_folder() != folder                  # another place, other builds
