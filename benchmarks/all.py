@@ -191,6 +191,13 @@ def render_precision(result):
                   ", ".join(f"{c} {ms(timings['memory-bound'][c])}" for c in ("as-asked", "bfloat16", "float32")) +
                   f"; at {timings['compute-bound']['rows']} rows: " +
                   ", ".join(f"{c} {ms(timings['compute-bound'][c])}" for c in ("as-asked", "bfloat16", "float32")) + "."]
+    ops = result.get("float16_ops")
+    if ops:
+        def timed(choice):
+            return ", ".join(f"{name} ({ms(times['as-asked'])} as asked, {ms(times['float32'])} in float32)"
+                             for name, times in ops.items() if times["choice"] == choice) or "none"
+        lines += ["", f"The other float16 ops, timed here both ways (float32 with its two conversions): "
+                      f"computed in float32: {timed('float32')}; as asked: {timed('as-asked')}."]
     lines += ["", "| program | shimmed | best port (which) | ratio (target) | as asked | ports |",
               "| --- | --- | --- | --- | --- | --- |"]
     for row in result["rows"]:

@@ -147,6 +147,9 @@ def main():
              "memory_bound_rows": choices.memory_bound_rows, "timings": choices.timings}
     print(f"float16 matmuls: memory-bound (<= {choices.memory_bound_rows} rows) {choices.memory_bound}, "
           f"compute-bound {choices.compute_bound}")
+    ops = cpu_speed.op_choices()
+    widened = [name for name, timed in ops.items() if timed["choice"] == "float32"]
+    print(f"other float16 ops: in float32 {', '.join(widened) or 'none'}; the rest as asked")
     with tempfile.TemporaryDirectory() as workdir:
         rows = [measure(name, args.runs, workdir, target_of(name, fast[torch.bfloat16]))
                 for name in PROGRAMS]
@@ -157,7 +160,7 @@ def main():
               f"{row['best_port']:<30}{row['ratio']:>6.2f}x  {row['met']:<12}"
               f"{row['as_asked_ms']:>9.1f}ms{row['speedup_over_as_asked']:>9.1f}x")
     with open(args.json, "w") as out:
-        json.dump({"rows": rows, "cpu": speeds, "float16_matmuls": table, "host": info,
+        json.dump({"rows": rows, "cpu": speeds, "float16_matmuls": table, "float16_ops": ops, "host": info,
                    "machine": platform.platform()}, out, indent=2)
         out.write("\n")
 
