@@ -74,6 +74,9 @@ NAMES: Dict[str, Name] = {name.path: name for name in (
     _n("torch._native_multi_head_attention", "precision", FALLBACK,
        "nn.MultiheadAttention's fused inference path keeps float16 as asked where float16 is "
        "slow (its projections at float16's speed); its other path is computed by the policy"),
+    _n("torch._VF", "precision", FALLBACK,
+       "nn.LSTM, nn.GRU, nn.RNN and their cells keep float16 as asked where float16 is slow "
+       "(their products at float16's speed)"),
     _n("torch._transformer_encoder_layer_fwd", "precision", FALLBACK,
        "as torch._native_multi_head_attention, for nn.TransformerEncoderLayer's fused path"),
     _n("torch._foreach_norm", "reductions", FALLBACK,

@@ -455,6 +455,33 @@ def test_the_fused_attention_layers_compute_float16_in_each_shape_classs_choice(
     assert _counted("torch._transformer_encoder_layer_fwd (memory-bound)") == "float16 as asked"
 
 
+def test_recurrent_layers_compute_float16_in_float32_and_train(speeds):
+    """nn.LSTM, nn.GRU and nn.LSTMCell run torch._VF's fused ops, their products inside: where
+    float16 is slow they compute in float32, as the same layers in float32 would, rounded to
+    float16 once; a float16 LSTM trains, its gradients float16."""
+    import copy
+    torch.manual_seed(0)
+    layers = {"torch._VF.lstm": torch.nn.LSTM(8, 12, 2, batch_first=True).half(),
+              "torch._VF.gru": torch.nn.GRU(8, 12, batch_first=True).half(),
+              "torch._VF.lstm_cell": torch.nn.LSTMCell(8, 12).half()}
+    x = torch.randn(3, 5, 8).half()
+    inputs = {"torch._VF.lstm": x, "torch._VF.gru": x, "torch._VF.lstm_cell": x[:, 0]}
+
+    def outputs(layer, value):
+        with torch.no_grad():
+            result = layer(value)
+        return [result[0], *result[1]] if isinstance(result[1], tuple) else list(result)
+    wide = {name: outputs(copy.deepcopy(layer).float(), inputs[name].float()) for name, layer in layers.items()}
+    speeds(SLOW_BOTH, report=True)
+    for name, layer in layers.items():
+        for ours, expected in zip(outputs(layer, inputs[name]), wide[name]):
+            assert ours.dtype == HALF and torch.equal(ours, expected.half()), name
+        assert _counted(name) == "float16 computed in float32", name
+    lstm = layers["torch._VF.lstm"]
+    lstm(x)[0].float().pow(2).mean().backward()
+    assert all(p.grad is not None and p.grad.dtype == HALF and p.grad.abs().sum() > 0 for p in lstm.parameters())
+
+
 def test_the_other_float16_ops_are_timed_both_ways_and_widened_only_where_float32_won():
     """Each op of the table is timed on its sample as asked and widened (conversions counted),
     and float32 is chosen only where it measured faster by the table's margin; the program's
@@ -546,11 +573,12 @@ def test_a_model_holding_a_widened_function_is_copied_and_saved_whole(speeds):
 def test_deactivation_puts_the_family_back():
     import cudashim
     originals = (torch.mm, torch.Tensor.__matmul__, F.linear, F.scaled_dot_product_attention,
-                 torch._native_multi_head_attention, torch._transformer_encoder_layer_fwd)
+                 torch._native_multi_head_attention, torch._transformer_encoder_layer_fwd, torch._VF.lstm)
     cudashim.activate("cpu")
     cudashim.deactivate()
     assert (torch.mm, torch.Tensor.__matmul__, F.linear, F.scaled_dot_product_attention,
-            torch._native_multi_head_attention, torch._transformer_encoder_layer_fwd) == originals
+            torch._native_multi_head_attention, torch._transformer_encoder_layer_fwd, torch._VF.lstm) == originals
+    assert "lstm" not in vars(torch._VF)                  # looked up through the module again
 
 
 def test_tf32_flags_turn_the_targets_reduced_precision_matmul_on_and_off(speeds):

@@ -2,9 +2,9 @@
 
 Where the precision policy (``cudashim.precision``) says float16 is slow on the target, the
 matmul family (mm, bmm, addmm, baddbmm, matmul, einsum, linear, the convolutions,
-scaled_dot_product_attention, the Tensor methods and ``@``, and the fused inference paths of
-``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer``, whose time is their
-projections') computes float16 inputs in
+scaled_dot_product_attention, the Tensor methods and ``@``, the fused inference paths of
+``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer``, and the recurrent layers' fused
+ops, whose time is their products) computes float16 inputs in
 the policy's choice for the call's shape class: a product of few rows a matrix (decoding) is
 memory-bound, and may run in float16 as asked, whose weights are half float32's size; a
 larger one computes in float32 (or bfloat16 where that is the host's fastest) and rounds the
@@ -60,10 +60,20 @@ _FUNCTIONS = (
 # no_grad (torch's "fast path"): one C call each, projections, attention and the MLP inside,
 # out of reach of the functions above.
 _FUSED_LAYERS = ("_native_multi_head_attention", "_transformer_encoder_layer_fwd")
+# The recurrent layers (nn.LSTM, nn.GRU, nn.RNN and their cells) call torch._VF's fused ops, the
+# products inside. They count as compute-bound, as the convolutions do: a step's products are
+# small enough for the caches, so float16's half-size weights buy nothing (as asked, a 2-layer
+# LSTM of 256 on a batch of 2 took 2.4x float32 here, of 32 8x).
+_RECURRENT = ("lstm", "gru", "rnn_tanh", "rnn_relu", "lstm_cell", "gru_cell", "rnn_tanh_cell",
+              "rnn_relu_cell")
 
 
 def _functions():
-    fused = ((torch, name, 0) for name in _FUSED_LAYERS if torch_names.has(f"torch.{name}"))
+    fused = [(torch, name, 0) for name in _FUSED_LAYERS if torch_names.has(f"torch.{name}")]
+    variable_functions = torch_names.get("torch._VF", None)
+    if variable_functions is not None:
+        fused += [(variable_functions, name, 0) for name in _RECURRENT
+                  if callable(getattr(variable_functions, name, None))]
     return (*_FUNCTIONS, *fused)
 
 
