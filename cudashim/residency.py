@@ -44,6 +44,13 @@ def _plain_dense(tensor) -> bool:
         and tensor.layout is torch.strided
 
 
+class _ModuleMoves(threading.local):
+    """Per thread: whether a module's move is under way. A class default, because reading a
+    thread-local attribute the thread never set raises and catches AttributeError (1 us, on
+    every copying move)."""
+    moving_module = False
+
+
 class Residency:
     """The side of every tensor a move placed, and the moves that honour it.
 
@@ -57,7 +64,7 @@ class Residency:
         self.sides: dict = {}
         self.memory = memory             # a DeviceMemory that counts what is placed on the device
         self._count = count
-        self._local = threading.local()
+        self._local = _ModuleMoves()
         self._compiling = torch.compiler.is_compiling
         self._tracing = torch.jit.is_tracing
         self.copies = 0
@@ -118,10 +125,11 @@ class Residency:
         if self._compiling() or self._tracing():
             return result                 # a graph being recorded moves as torch's own code does
         if known is None:
-            known = self.side_of(tensor)  # a device tensor's storage under another object
-            if known == side:
-                return tensor
-            if known is None and self.moving_module:
+            # a device tensor's storage under another object (``side_of``, less the probe above)
+            if self.memory is not None and self.memory.holds(tensor):
+                if side == DEVICE:
+                    return tensor
+            elif self._local.moving_module:
                 return tensor             # a module's own tensor of unknown side stays (above)
         if not _plain_dense(tensor):
             return result
@@ -130,7 +138,7 @@ class Residency:
     # --- modules -------------------------------------------------------------------------
     @property
     def moving_module(self) -> bool:
-        return getattr(self._local, "moving_module", False)
+        return self._local.moving_module
 
     @contextlib.contextmanager
     def module_move(self, module, side: str):

@@ -116,6 +116,34 @@ def test_modules_move_in_place_and_keep_what_they_share(shim):
     assert model.running.tolist() == [0, 0]
 
 
+
+def test_a_module_moving_in_one_thread_leaves_another_threads_moves_copies(shim):
+    """A module's move keeps its own tensors in that thread only: a data loader's or a
+    checkpoint writer's thread moving a tensor meanwhile gets its copy."""
+    import threading
+
+    import torch
+
+    class Held(torch.nn.Linear):
+        def _apply(self, fn, *args, **kwargs):      # torch calls it within the module's move
+            moving.set()
+            assert released.wait(60), "the other thread never moved its tensor"
+            return super()._apply(fn, *args, **kwargs)
+
+    moving, released = threading.Event(), threading.Event()
+    model = Held(4, 2)
+    weight_memory = model.weight.data_ptr()
+    mover = threading.Thread(target=model.cuda)
+    mover.start()
+    try:
+        assert moving.wait(60)
+        batch = torch.ones(3)
+        on_device = batch.cuda()
+    finally:
+        released.set()
+        mover.join()
+    assert on_device is not batch and on_device.data_ptr() != batch.data_ptr()
+    assert model.weight.data_ptr() == weight_memory       # the module's own stayed
 def test_pinning_returns_a_pinned_copy(shim):
     import torch
     host = torch.ones(3)
