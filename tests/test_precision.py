@@ -217,6 +217,16 @@ def _family(x, w, m3):
         ("torch.bmm", lambda: torch.bmm(m3, m3.transpose(1, 2))),
         ("torch.addmm", lambda: torch.addmm(x[:, :16], x, w.t()[:, :16])),
         ("torch.baddbmm", lambda: torch.baddbmm(m3[:, :1].transpose(1, 2), m3.transpose(1, 2), m3)),
+        ("torch.addbmm", lambda: torch.addbmm(x[:16, :16], m3, m3.transpose(1, 2))),
+        ("Tensor.addbmm", lambda: x[:16, :16].addbmm(m3, m3.transpose(1, 2))),
+        ("torch.inner", lambda: torch.inner(x, w)),
+        ("Tensor.inner", lambda: x.inner(w)),
+        ("torch.tensordot", lambda: torch.tensordot(m3, w, dims=([2], [1]))),
+        ("torch.linalg.matmul", lambda: torch.linalg.matmul(x, w.t())),
+        ("torch.linalg.multi_dot", lambda: torch.linalg.multi_dot([x, w.t(), w])),
+        ("torch.nn.functional.bilinear",
+         lambda: F.bilinear(x[:, :16], x[:, 16:32], w.reshape(-1)[:2048].reshape(8, 16, 16), w[0, :8])),
+        ("torch.cdist", lambda: torch.cdist(x, w)),
         ("torch.einsum", lambda: torch.einsum("bij,bkj->bik", m3, m3)),
         ("torch.nn.functional.linear", lambda: F.linear(x, w, w[:, 0])),
         ("torch.nn.functional.conv1d", lambda: F.conv1d(x[None], w[:8, :32, None])),
@@ -246,6 +256,75 @@ def test_explicit_float16_stays_float16_and_is_at_least_as_close_as_the_native_k
         error = (ours.double() - reference[name]).abs().max()
         native_error = (native[name].double() - reference[name]).abs().max()
         assert error <= native_error, (name, error, native_error)
+
+
+def test_a_float16_product_written_into_a_tensor_is_computed_wide_and_lands_there(speeds):
+    """``out=`` and the in-place methods: the tensor the program named holds the result,
+    computed in the policy's choice and rounded once, and is what the call returns."""
+    x, w, m3 = _half_inputs()
+    layer = torch.nn.Linear(64, 48).half().requires_grad_(False)     # its weight may be kept wide
+    speeds(SLOW_BOTH, report=True)
+    expected = (x.float() @ w.float().t()).half()
+    for call in (torch.mm, torch.matmul, torch.linalg.matmul):
+        out = torch.empty(32, 48, dtype=HALF)
+        assert call(x, w.t(), out=out) is out and torch.equal(out, expected), call
+    unsized = torch.empty(0, dtype=HALF)                               # resized silently, as torch does
+    assert torch.mm(x, w.t(), out=unsized) is unsized and torch.equal(unsized, expected)
+    assert _counted("torch.mm") == "float16 computed in float32"
+
+    layer(x)                                                           # keeps a float32 copy of its weight
+    accumulated = x[:, :48].clone()
+    assert accumulated.addmm_(x, layer.weight.t(), beta=0.5) is accumulated
+    reference = (0.5 * x[:, :48].float() + x.float() @ layer.weight.float().t()).half()
+    assert accumulated.dtype == HALF and torch.equal(accumulated, reference)
+    assert _counted("Tensor.addmm_") == "float16 computed in float32"
+    merged = (layer.weight.float() + w[:, :32].float() @ x.float()).half()
+    layer.weight.addmm_(w[:, :32], x)                                 # a delta merged into a kept weight
+    assert torch.equal(layer.weight, merged) and torch.equal(layer(x), F.linear(x, merged, layer.bias))
+    batches, ones = m3[:, :, :16].clone(), torch.ones(3, 64, 16, dtype=HALF)
+    assert batches.baddbmm_(m3, ones) is batches
+    assert torch.equal(batches, (m3[:, :, :16].float() + m3.float() @ ones.float()).half())
+
+
+def test_distances_are_computed_in_float32_where_products_run_in_bfloat16(speeds):
+    """cdist's terms cancel: near points' distances keep their digits only in float32."""
+    from cudashim.precision import BFLOAT16, MatmulChoices
+    torch.manual_seed(0)
+    points = torch.randn(64, 32).half()
+    near = (points + 0.01 * torch.randn(64, 32)).half()
+    exact = torch.cdist(points.double(), near.double())
+    speeds(FAST_BF16, matmuls=MatmulChoices(BFLOAT16, BFLOAT16, 4, "test"), report=True)
+    ours = torch.cdist(points, near)
+    assert ours.dtype == HALF and _counted("torch.cdist") == "float16 computed in float32"
+    assert torch.allclose(ours.double(), exact, rtol=2e-3, atol=1e-3)
+    inner = torch.inner(points, near)                                 # the products still in bfloat16
+    assert torch.equal(inner, torch.inner(points.bfloat16(), near.bfloat16()).half())
+
+
+def test_an_out_call_torch_would_refuse_or_resize_is_torchs_to_judge(speeds):
+    x, w, _ = _half_inputs()
+    speeds(SLOW_BOTH, report=True)
+    with pytest.raises(RuntimeError, match="out="):                    # gradients through out=
+        torch.mm(x.clone().requires_grad_(), w.t(), out=torch.empty(32, 48, dtype=HALF))
+    wrong = torch.zeros(4, 4, dtype=HALF)
+    with pytest.warns(UserWarning, match="resized"):
+        torch.mm(x, w.t(), out=wrong)
+    assert wrong.shape == (32, 48) and torch.allclose(wrong.float(), x.float() @ w.float().t(), atol=0.1)
+    assert _counted("torch.mm") == "float16 as asked (an out= tensor torch resizes)"
+
+
+def test_a_float16_product_traced_by_autograd_in_place_trains_as_torch_does(speeds):
+    torch.manual_seed(0)
+    x = torch.randn(8, 16).half().requires_grad_()
+    w = torch.randn(16, 16).half().requires_grad_()
+    native = [t.detach().clone().requires_grad_() for t in (x, w)]
+    (native[0] * 1).addmm_(native[0], native[1]).float().sum().backward()
+    speeds(SLOW_BOTH)
+    (x * 1).addmm_(x, w).float().sum().backward()
+    for ours, theirs in zip((x, w), native):
+        assert ours.grad.dtype == HALF and torch.allclose(ours.grad.float(), theirs.grad.float(), rtol=1e-2)
+    with pytest.raises(RuntimeError, match="leaf Variable"):           # torch's refusal stands
+        w.addmm_(x.t(), x)
 
 
 def _counted(name):

@@ -1,15 +1,18 @@
 """Precision at the target's speed: float16 matmuls by shape class, and TF32 flags mapped.
 
 Where the precision policy (``cudashim.precision``) says float16 is slow on the target, the
-matmul family (mm, bmm, addmm, baddbmm, matmul, einsum, linear, the convolutions,
-scaled_dot_product_attention, the Tensor methods and ``@``, the fused inference paths of
-``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer``, and the recurrent layers' fused
-ops, whose time is their products) computes float16 inputs in
+matmul family (mm, bmm, addmm, baddbmm, addbmm, matmul, inner, tensordot, einsum, linalg's
+matmul and multi_dot, linear, bilinear, cdist, the convolutions, scaled_dot_product_attention,
+the Tensor methods, ``@`` and the in-place ``addmm_``/``baddbmm_``/``addbmm_``, the fused
+inference paths of ``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer``, and the
+recurrent layers' fused ops, whose time is their products) computes float16 inputs in
 the policy's choice for the call's shape class: a product of few rows a matrix (decoding) is
 memory-bound, and may run in float16 as asked, whose weights are half float32's size; a
 larger one computes in float32 (or bfloat16 where that is the host's fastest) and rounds the
-result to float16 once, as CUDA's tensor cores accumulate. Convolutions and einsum count as
-compute-bound. Tensors keep their dtype. A call whose first tensor is not float16 goes straight to torch after one
+result to float16 once, as CUDA's tensor cores accumulate. Convolutions, einsum and the
+chained and contracted products count as compute-bound. Tensors keep their dtype; a result
+asked for in an ``out=`` tensor, or in the tensor an in-place method is called on, is rounded
+into it. A call whose first tensor is not float16 goes straight to torch after one
 dtype check; a call with float16 inputs mixed with other dtypes is torch's to judge; inside
 an autocast region autocast decides. Inside a CUDA autocast region the policy runs in
 float32 (autocast off), mixed dtypes that torch refuses are computed in float32, as
@@ -41,20 +44,32 @@ import torch.nn.functional as F
 from .. import torch_names
 from ..patching.rewriter import compiled_twin
 from ..patching.watched import WatchedAttributes
-from ..precision import AS_ASKED, BFLOAT16
+from ..precision import AS_ASKED, BFLOAT16, FLOAT32
 
 HALF = torch.float16
 
-# (owner, name, where the first tensor is) for every function computed wider.
+# The Tensor methods that write their product into the tensor they are called on.
+_IN_PLACE = ("addmm_", "baddbmm_", "addbmm_")
+# Computed in float32 where the policy's choice is bfloat16: a Euclidean distance is taken as
+# |x|^2 + |y|^2 - 2 x.y, whose terms cancel, and bfloat16's 8-bit significand would leave the
+# distance between near points no correct digit.
+_FLOAT32_ONLY = frozenset({"cdist"})
+
+# (owner, name, where the first tensor is) for every function computed wider: every product
+# of matrices torch offers (torch's CPU kernels compute each in float16 at 6x to 200x
+# float32's time here), the ones that contract tensors or chain products included.
 _FUNCTIONS = (
-    *((torch, name, 0) for name in ("mm", "bmm", "addmm", "baddbmm", "matmul", "conv1d",
-                                   "conv2d", "conv3d")),
+    *((torch, name, 0) for name in ("mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul",
+                                   "inner", "tensordot", "chain_matmul", "bilinear", "cdist",
+                                   "conv1d", "conv2d", "conv3d")),
     (torch, "einsum", 1),
-    *((F, name, 0) for name in ("linear", "conv1d", "conv2d", "conv3d", "conv_transpose1d",
-                               "conv_transpose2d", "conv_transpose3d",
+    *((torch.linalg, name, 0) for name in ("matmul", "multi_dot")),
+    *((F, name, 0) for name in ("linear", "bilinear", "conv1d", "conv2d", "conv3d",
+                               "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
                                "scaled_dot_product_attention")),
-    *((torch.Tensor, name, 0) for name in ("mm", "bmm", "addmm", "baddbmm", "matmul",
-                                          "__matmul__", "__rmatmul__")),
+    *((torch.Tensor, name, 0) for name in ("mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul",
+                                          "inner", "__matmul__", "__rmatmul__",
+                                          *_IN_PLACE)),
 )
 # The fused inference paths nn.MultiheadAttention and nn.TransformerEncoderLayer take under
 # no_grad (torch's "fast path"): one C call each, projections, attention and the MLP inside,
@@ -74,7 +89,9 @@ def _functions():
     if variable_functions is not None:
         fused += [(variable_functions, name, 0) for name in _RECURRENT
                   if callable(getattr(variable_functions, name, None))]
-    return (*_FUNCTIONS, *fused)
+    # chain_matmul is deprecated, and a later torch may drop it.
+    return (*((owner, name, first) for owner, name, first in _FUNCTIONS
+              if callable(getattr(owner, name, None))), *fused)
 
 
 def install(activation):
@@ -98,7 +115,8 @@ def install(activation):
             activation.replace(owner, name, functools.partial(
                 by_policy, api, first, activation.backend.device_type, cache,
                 activation.count, policy.float32_regions, policy, _ROWS.get(name),
-                activation.compiled))
+                activation.compiled, in_place=owner is torch.Tensor and name in _IN_PLACE,
+                float32_only=name in _FLOAT32_ONLY))
         for name in policy.widened_ops:
             activation.replace(F, name, functools.partial(
                 by_measurement, f"torch.nn.functional.{name}", activation.backend.device_type, cache,
@@ -132,6 +150,14 @@ def _rows_of_matmul(args, kwargs):
     return _rows_of_a_product(left, right) if isinstance(right, torch.Tensor) else None
 
 
+def _rows_of_addmm(args, kwargs):
+    return args[1].shape[0] if len(args) > 1 else None
+
+
+def _rows_of_batched_addition(args, kwargs):
+    return args[1].shape[-2] if len(args) > 1 else None
+
+
 # name -> (args, kwargs) -> rows a matrix of the product, None where not known (compute-bound)
 _ROWS = {
     "linear": _rows_of_each_position,
@@ -141,8 +167,11 @@ _ROWS = {
     "bmm": lambda args, kwargs: args[0].shape[-2],
     "__rmatmul__": lambda args, kwargs: (_rows_of_a_product(args[1], args[0])
                                          if len(args) > 1 and isinstance(args[1], torch.Tensor) else None),
-    "addmm": lambda args, kwargs: args[1].shape[0] if len(args) > 1 else None,
-    "baddbmm": lambda args, kwargs: args[1].shape[-2] if len(args) > 1 else None,
+    "inner": _rows_of_each_position,                  # inner(a, b) contracts their last dimensions
+    "bilinear": _rows_of_each_position,
+    "addmm": _rows_of_addmm, "addmm_": _rows_of_addmm,
+    "baddbmm": _rows_of_batched_addition, "baddbmm_": _rows_of_batched_addition,
+    "addbmm": _rows_of_batched_addition, "addbmm_": _rows_of_batched_addition,
     "scaled_dot_product_attention": lambda args, kwargs: args[0].shape[-2],
 }
 
@@ -239,13 +268,18 @@ def _quarter_of_memory() -> int:
         return 4 * 2 ** 30
 
 
-def by_policy(api, first, device_type, cache, count, regions, policy, rows_of, compiled, original):
+def by_policy(api, first, device_type, cache, count, regions, policy, rows_of, compiled, original,
+              *, in_place=False, float32_only=False):
     """``original`` computing float16 inputs as the policy chooses; its compiled gate where
-    the fast path runs (``_speedups_precision.c``), which behaves as the Python wrapper."""
+    the fast path runs (``_speedups_precision.c``), which behaves as the Python wrapper.
+    ``in_place``: ``original`` is a Tensor method writing into the tensor it is called on;
+    ``float32_only``: a bfloat16 choice computes it in float32."""
     def reconciled(*args, **kwargs):
         """In a CUDA region run in float32: float16 and bfloat16 operands in float32, as
-        autocast would have cast them to its dtype; elsewhere torch's judgement stands."""
-        if not regions.depth or torch.is_autocast_enabled(device_type):
+        autocast would have cast them to its dtype; elsewhere torch's judgement stands (and
+        always for a call that writes into a tensor of its own, which autocast never casts)."""
+        if not regions.depth or torch.is_autocast_enabled(device_type) or in_place \
+                or "out" in kwargs:
             return original(*args, **kwargs)
         count(api, "mixed dtypes computed in float32 (autocast region in float32)")
         return original(*[_float32(value, cache) for value in args],
@@ -268,11 +302,18 @@ def by_policy(api, first, device_type, cache, count, regions, policy, rows_of, c
         if choice == AS_ASKED:
             count(reported, "float16 as asked")
             return original(*args, **kwargs)
+        if choice == BFLOAT16 and float32_only:
+            choice = FLOAT32
         dtype = torch.bfloat16 if choice == BFLOAT16 else torch.float32
+        if in_place:
+            count(reported, f"float16 computed in {choice}")
+            return _written_in_place(original, dtype, cache, args, kwargs)
+        out = kwargs.get("out")
+        if out is not None:
+            return _written_to_out(original, dtype, cache, args, kwargs, count, reported, choice)
         count(reported, f"float16 computed in {choice}")
-        wide_args = [_wide(value, cache, dtype) for value in args]
-        wide_kwargs = {name: _wide(value, cache, dtype) for name, value in kwargs.items()}
-        return _to_half(original(*wide_args, **wide_kwargs))
+        return _to_half(original(*[_wide(value, cache, dtype) for value in args],
+                                 **{name: _wide(value, cache, dtype) for name, value in kwargs.items()}))
 
     @functools.wraps(original)
     def computed_by_policy(*args, **kwargs):
@@ -294,6 +335,37 @@ def by_policy(api, first, device_type, cache, count, regions, policy, rows_of, c
     # Calls outside float16, nearly all of them where the policy widens, skip the Python frame.
     gate = compiled.HalfGate(original, widened, reconciled, regions, HALF, first)
     return compiled_twin(gate, computed_by_policy)
+
+
+def _written_in_place(method, dtype, cache, args, kwargs):
+    """``target.method(...)`` (``addmm_`` and its kin) computed in ``dtype`` on a copy of
+    ``target`` of its own (a kept copy of a parameter is never written), whose result is
+    rounded into ``target`` once."""
+    target, *operands = args
+    wide = target.to(dtype)
+    method(wide, *[_wide(value, cache, dtype) for value in operands],
+           **{name: _wide(value, cache, dtype) for name, value in kwargs.items()})
+    return target.copy_(wide)
+
+
+def _written_to_out(function, dtype, cache, args, kwargs, count, reported, choice):
+    """``function(..., out=out)`` computed in ``dtype`` and rounded into ``out``, which it
+    returns, as torch does. Where torch would refuse the call (gradients recorded through an
+    ``out=`` call) or resize a non-empty ``out`` with its warning, torch computes it as asked."""
+    out = kwargs["out"]
+    if not isinstance(out, torch.Tensor) or (torch.is_grad_enabled() and any(
+            value.requires_grad for value in _floating((*args, *kwargs.values())))):
+        return function(*args, **kwargs)
+    result = function(*[_wide(value, cache, dtype) for value in args],
+                      **{name: _wide(value, cache, dtype) for name, value in kwargs.items()
+                         if name != "out"})
+    if out.shape != result.shape:
+        if out.numel():
+            count(reported, "float16 as asked (an out= tensor torch resizes)")
+            return function(*args, **kwargs)
+        out.resize_(result.shape)
+    count(reported, f"float16 computed in {choice}")
+    return out.copy_(result)
 
 
 class _NoRegion:
