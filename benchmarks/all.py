@@ -35,6 +35,7 @@ BENCHMARKS = {
     "kernels": (["kernels.py"], ["--repeats", "5", "--no-link"]),
     "overhead": (["overhead.py"], ["--quick", "--no-compile"]),
     "precision": (["precision.py"], ["--runs", "1"]),
+    "float16_products": (["float16_products.py"], ["--quick"]),
     "graphs": (["graphs.py", "--rounds", "5", "--steps", "40"], ["--rounds", "2", "--steps", "10"]),
     "data_parallel": (["data_parallel.py", "--steps", "30", "--rounds", "4"], ["--steps", "10", "--rounds", "2"]),
     "copies": (["copies.py"], ["--quick"]),
@@ -355,7 +356,29 @@ def render_reductions(result):
     return "Long reductions at CUDA's accuracy", lines
 
 
+def render_float16_products(result):
+    lines = ["`python benchmarks/float16_products.py`: every product of matrices a float16 program can "
+             "call, at a training layer's size (256 rows a matrix, widths of 512), under the shim's "
+             f"precision policy (compute-bound choice here: {result['compute_bound_choice']}), against "
+             "the same call in float32 and in bfloat16, against float16 inputs converted to float32 by "
+             "hand where the call reads them (the floor for operands not kept, as inference's "
+             "parameters are), and against torch's own float16 kernel; medians, the fast sides taking "
+             "turns call by call, the ratio with its middle half (target <= "
+             f"{result['target']:.2f}x the faster port). torch {result['torch']}, "
+             f"{result['threads']} threads.", "",
+             "| call | shimmed | float32 | bfloat16 | converted by hand | torch's float16 | ratio to the faster port (middle half) | met | ratio to converted by hand |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for row in result["rows"]:
+        low, high = row["ratio_middle_half"]
+        lines.append(f"| {row['what']} | {ms(row['shimmed_ms'])} | {ms(row['float32_ms'])} | "
+                     f"{ms(row['bfloat16_ms'])} | {ms(row['converted_ms'])} | {ms(row['as_asked_ms'])} | "
+                     f"{row['ratio']:.2f}x {row['best_port']} ({low:.2f}-{high:.2f}) | {row['met']} | "
+                     f"{row['against_converted']:.2f}x |")
+    return "float16 products of matrices", lines
+
+
 RENDERERS = {"kernels": render_kernels, "overhead": render_overhead, "precision": render_precision,
+             "float16_products": render_float16_products,
              "graphs": render_graphs, "data_parallel": render_data_parallel, "copies": render_copies,
              "collectives": render_collectives, "accelerator_programs": render_accelerator_programs,
              "triton_kernels": render_triton_kernels,
