@@ -567,13 +567,13 @@ def test_the_other_float16_ops_are_timed_both_ways_and_widened_only_where_float3
     random numbers are not drawn from."""
     from cudashim.backends import cpu_speed
     from cudashim.precision import AS_ASKED, FLOAT32
-    from cudashim.tables.float16_ops import OPS, WIDEN_BELOW
+    from cudashim.tables.float16_ops import OPS, WIDEN_BELOW, places
     torch.manual_seed(7)
     expected_draw = torch.rand(1)
     torch.manual_seed(7)
     measured = cpu_speed._measure_ops()
     assert torch.equal(torch.rand(1), expected_draw)
-    assert set(measured) == {name for name in OPS if hasattr(F, name)}
+    assert set(measured) == {name for name in OPS if places(name)} and "pow" in measured
     for name, times in measured.items():
         assert times[AS_ASKED] > 0 and times[FLOAT32] > 0, name
         won = times[FLOAT32] < WIDEN_BELOW * times[AS_ASKED]
@@ -620,6 +620,35 @@ def test_an_op_timed_faster_in_float32_is_computed_there_and_the_others_are_left
     assert "in float32, rounded to float16 once: group_norm (as-asked 2 ms, float32 1.5 ms), softmax" in table, table
     cudashim.deactivate()
     assert all(getattr(F, name) is function for name, function in own.items())
+
+
+def test_a_power_timed_faster_in_float32_is_computed_there_by_every_name_it_is_called(speeds):
+    """pow is reached as torch.pow, x.pow, x ** n and square: each computes float16 in float32,
+    rounded once; an out= tensor receives it, gradients flow back in float16, float32 calls
+    and a float32 exponent are torch's, and deactivation gives torch's own back."""
+    import cudashim
+    from cudashim.precision import FLOAT32
+    torch.manual_seed(0)
+    x = torch.randn(4, 16).half()
+    own = {name: vars(torch.Tensor).get(name, getattr(torch.Tensor, name))
+           for name in ("pow", "__pow__", "square")}
+    cube, square = (x.float() ** 3).half(), (x.float() ** 2).half()
+    mixed = x.pow(torch.full((16,), 2.0))                          # promoted to float32 by torch
+    speeds(SLOW_BOTH, ops={"pow": _timed(FLOAT32)}, report=True)
+    for name, value, expected in (("torch.pow", torch.pow(x, 3.0), cube), ("Tensor.pow", x.pow(3), cube),
+                                  ("Tensor.__pow__", x ** 2, square), ("torch.square", torch.square(x), square),
+                                  ("Tensor.square", x.square(), square)):
+        assert value.dtype == HALF and torch.equal(value, expected), name
+        assert _counted(name) == "float16 computed in float32 (measured faster here)", name
+    out = torch.empty(4, 16, dtype=HALF)
+    assert torch.pow(x, 3.0, out=out) is out and torch.equal(out, cube)
+    assert torch.equal(x.pow(torch.full((16,), 2.0)), mixed) and (x.float() ** 2).dtype == torch.float32
+    leaf = x.clone().requires_grad_()
+    (leaf ** 3).float().sum().backward()
+    assert leaf.grad.dtype == HALF and torch.allclose(leaf.grad.float(), 3 * x.float() ** 2, rtol=1e-3)
+    cudashim.deactivate()
+    assert all(vars(torch.Tensor).get(name, getattr(torch.Tensor, name)) is function
+               for name, function in own.items())
 
 
 def test_a_model_holding_a_widened_function_is_copied_and_saved_whole(speeds):

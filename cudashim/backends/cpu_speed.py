@@ -233,8 +233,10 @@ def op_choices(profile: str = MEASURED) -> Dict[str, dict]:
     fast, _ = speeds(profile)
     if fast[torch.float16] or profile != MEASURED:
         return {}
+    from ..tables.float16_ops import OPS
+    # The table's ops in the key: an op added later is timed, not missing from an older answer.
     key = (f"{_cpu_model()} [{_flags_key()}], "
-           f"{torch.get_num_threads()} threads, torch {torch.__version__}")
+           f"{torch.get_num_threads()} threads, torch {torch.__version__}, ops {' '.join(OPS)}")
     return _cached(cache_file("float16-ops.json"), key, _measure_ops)
 
 
@@ -243,16 +245,17 @@ def _measure_ops() -> Dict[str, dict]:
     narrowed back (the conversions counted), the two taking turns. torch's own functions: the
     precision patches may be installed by now, but not yet over these."""
     from ..precision import AS_ASKED, FLOAT32
-    from ..tables.float16_ops import OPS, SAMPLES, WIDEN_BELOW
-    import torch.nn.functional as F
+    from ..tables.float16_ops import OPS, SAMPLES, WIDEN_BELOW, places
     numbers = torch.Generator().manual_seed(0)         # the program's own generator untouched
     samples = {kind: torch.randn(shape, generator=numbers).half() for kind, shape in SAMPLES.items()}
     measured = {}
     with torch.no_grad():
         for name, (kind, rest) in OPS.items():
-            op = getattr(F, name, None)
-            if op is None:                              # rms_norm before torch 2.4
+            found = places(name)
+            if not found:                               # rms_norm before torch 2.4
                 continue
+            owner, attribute, _ = found[0]
+            op = getattr(owner, attribute)
             x = samples[kind]
             asked, wide = _best_of_turns(lambda: op(x, *rest), lambda: op(x.float(), *rest).half())
             measured[name] = {"choice": FLOAT32 if wide < WIDEN_BELOW * asked else AS_ASKED,

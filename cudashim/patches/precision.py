@@ -45,6 +45,7 @@ from .. import torch_names
 from ..patching.rewriter import compiled_twin
 from ..patching.watched import WatchedAttributes
 from ..precision import AS_ASKED, BFLOAT16, FLOAT32
+from ..tables import float16_ops
 
 HALF = torch.float16
 
@@ -118,9 +119,10 @@ def install(activation):
                 activation.compiled, in_place=owner is torch.Tensor and name in _IN_PLACE,
                 float32_only=name in _FLOAT32_ONLY))
         for name in policy.widened_ops:
-            activation.replace(F, name, functools.partial(
-                by_measurement, f"torch.nn.functional.{name}", activation.backend.device_type, cache,
-                activation.count, activation.compiled))
+            for owner, attribute, api in float16_ops.places(name):
+                activation.replace(owner, attribute, functools.partial(
+                    by_measurement, api, activation.backend.device_type, cache, activation.count,
+                    activation.compiled))
     if policy.float32_matmul_precision is not None:
         _map_tf32(activation, policy.float32_matmul_precision)
 
@@ -383,6 +385,9 @@ def by_measurement(api, device_type, cache, count, compiled, original):
         if torch.is_autocast_enabled(device_type) or kwargs.get("dtype") is not None \
                 or any(value.__class__ is torch.dtype for value in args) or not _all_half(args, kwargs):
             return original(*args, **kwargs)
+        if kwargs.get("out") is not None:               # torch.pow(x, 3, out=y)
+            return _written_to_out(original, torch.float32, cache, args, kwargs, count, api,
+                                   "float32 (measured faster here)")
         count(api, "float16 computed in float32 (measured faster here)")
         return _to_half(original(*[_wide(value, cache) for value in args],
                                  **{name: _wide(value, cache) for name, value in kwargs.items()}))

@@ -16,8 +16,10 @@ Left out, because computing on a widened copy would lose a write the op makes in
 activations with ``inplace=`` (``relu``, ``silu``, ``hardtanh``...). ``embedding`` is a
 lookup, as asked always (widened, it would convert the whole table, 20 times slower here),
 and its ``max_norm`` renormalizes the weight in place. Methods called on a tensor
-(``x.softmax(-1)``) are not reached.
+(``x.softmax(-1)``) are not reached, except where ``CALLED_AS`` names them.
 """
+
+import importlib
 
 OPS = {
     "layer_norm": ("tokens", ((1024,),)),
@@ -30,6 +32,18 @@ OPS = {
     "adaptive_avg_pool2d": ("images", (1,)),
     "max_pool2d": ("images", (2,)),
     "interpolate": ("images", (None, 2.0, "bilinear")),
+    # x.pow(3) in the tanh GELU of GPT-2's family, x.pow(2) in hand-written RMSNorms, x ** 2
+    # in losses: torch's CPU kernel computes float16 powers element by element, 30x float32's
+    # time on an AVX2 host, every exponent alike (bfloat16's has vectorized ones).
+    "pow": ("tokens", (3.0,)),
+}
+
+# An op that programs reach by more names than its ``torch.nn.functional`` one: every (owner,
+# attribute) it is called through, the first the one timed. ``square`` is ``pow(x, 2)``'s kernel.
+# The in-place ``pow_`` and ``**=`` are not reached (a widened copy would lose their write).
+CALLED_AS = {
+    "pow": (("torch", "pow"), ("torch.Tensor", "pow"), ("torch.Tensor", "__pow__"),
+            ("torch", "square"), ("torch.Tensor", "square")),
 }
 
 SAMPLES = {"tokens": (4, 128, 1024), "images": (8, 64, 32, 32)}
@@ -37,3 +51,17 @@ SAMPLES = {"tokens": (4, 128, 1024), "images": (8, 64, 32, 32)}
 # float32 must be faster than this fraction of float16's time to be chosen: the widened call
 # holds a float32 copy of its input and output, and near a tie as asked is kept.
 WIDEN_BELOW = 0.9
+
+
+def places(name):
+    """[(owner, attribute, the name the report gives)] for the op ``name``: its functional
+    alone unless ``CALLED_AS`` names more. An owner this torch lacks the attribute on is left out."""
+    found = []
+    for owner_path, attribute in CALLED_AS.get(name, (("torch.nn.functional", name),)):
+        if owner_path == "torch.Tensor":
+            owner, shown = importlib.import_module("torch").Tensor, "Tensor"
+        else:
+            owner, shown = importlib.import_module(owner_path), owner_path
+        if callable(getattr(owner, attribute, None)):
+            found.append((owner, attribute, f"{shown}.{attribute}"))
+    return found
