@@ -32,6 +32,8 @@ OPS = {
     "adaptive_avg_pool2d": ("images", (1,)),
     "max_pool2d": ("images", (2,)),
     "interpolate": ("images", (None, 2.0, "bilinear")),
+    # F.normalize takes a float16 norm, 7x float32's time here (CLIP's embeddings, contrastive losses).
+    "normalize": ("tokens", (2.0, -1)),
     # x.pow(3) in the tanh GELU of GPT-2's family, x.pow(2) in hand-written RMSNorms, x ** 2
     # in losses: torch's CPU kernel computes float16 powers element by element, 30x float32's
     # time on an AVX2 host, every exponent alike (bfloat16's has vectorized ones).
