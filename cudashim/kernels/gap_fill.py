@@ -20,6 +20,8 @@ from typing import Optional
 
 import torch
 
+from ..patching.out_tensors import written_to
+
 # gap dtype -> the dtype it computes in on the CPU
 _WIDER = {
     torch.bool: torch.uint8,          # abs, trace, softsign: the same values, an integer kernel
@@ -65,6 +67,10 @@ def filled(function, dtypes, inplace_of=None):
         if inplace_of is not None:
             result = inplace_of(*widened_args, **widened_kwargs)
             return args[0].copy_(result)
+        out = kwargs.get("out")
+        if isinstance(out, torch.Tensor):              # torch.abs(flags, out=buffer)
+            del widened_kwargs["out"]
+            return written_to(out, _narrow(function(*widened_args, **widened_kwargs), gap, wide))
         return _narrow(function(*widened_args, **widened_kwargs), gap, wide)
 
     gap_seen = False

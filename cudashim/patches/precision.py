@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import torch_names
+from ..patching.out_tensors import written_to
 from ..patching.rewriter import compiled_twin
 from ..patching.watched import WatchedAttributes
 from ..precision import AS_ASKED, BFLOAT16, FLOAT32
@@ -353,21 +354,15 @@ def _written_in_place(method, dtype, cache, args, kwargs):
 def _written_to_out(function, dtype, cache, args, kwargs, count, reported, choice):
     """``function(..., out=out)`` computed in ``dtype`` and rounded into ``out``, which it
     returns, as torch does. Where torch would refuse the call (gradients recorded through an
-    ``out=`` call) or resize a non-empty ``out`` with its warning, torch computes it as asked."""
+    ``out=`` call), torch computes it as asked, and refuses it."""
     out = kwargs["out"]
     if not isinstance(out, torch.Tensor) or (torch.is_grad_enabled() and any(
             value.requires_grad for value in _floating((*args, *kwargs.values())))):
         return function(*args, **kwargs)
-    result = function(*[_wide(value, cache, dtype) for value in args],
-                      **{name: _wide(value, cache, dtype) for name, value in kwargs.items()
-                         if name != "out"})
-    if out.shape != result.shape:
-        if out.numel():
-            count(reported, "float16 as asked (an out= tensor torch resizes)")
-            return function(*args, **kwargs)
-        out.resize_(result.shape)
     count(reported, f"float16 computed in {choice}")
-    return out.copy_(result)
+    return written_to(out, function(*[_wide(value, cache, dtype) for value in args],
+                                    **{name: _wide(value, cache, dtype) for name, value in kwargs.items()
+                                       if name != "out"}))
 
 
 class _NoRegion:
