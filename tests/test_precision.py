@@ -651,6 +651,31 @@ def test_a_power_timed_faster_in_float32_is_computed_there_by_every_name_it_is_c
                for name, function in own.items())
 
 
+def _scripted_products(x: torch.Tensor, w: torch.Tensor):
+    return torch.tensordot(x, w, dims=1) + torch.cdist(x, w) + F.normalize(x, dim=-1) + torch.inner(x, w)
+
+
+def test_torchscript_compiles_the_replaced_functions_as_torchs_own(speeds):
+    """Scripted code calling torch's Python functions the policy replaced (nn.GroupNorm's
+    F.group_norm, torch.tensordot, torch.cdist, F.normalize) compiles them from torch's source
+    into the graph, as without cudashim: no Python call left in it, and it saves."""
+    import io
+    from cudashim.precision import FLOAT32
+    torch.manual_seed(0)
+    norm, x = torch.nn.GroupNorm(2, 4), torch.randn(2, 4, 3, 3)
+    expected = {"norm": norm(x), "products": _scripted_products(x[0, 0], x[1, 0])}
+    own = (F.group_norm, F.normalize, torch.tensordot, torch.cdist)
+    speeds(SLOW_BOTH, ops={"group_norm": _timed(FLOAT32), "normalize": _timed(FLOAT32)})
+    assert not any(replaced is original for replaced, original in zip(
+        (F.group_norm, F.normalize, torch.tensordot, torch.cdist), own))
+    scripted = {"norm": torch.jit.script(norm), "products": torch.jit.script(_scripted_products)}
+    for name, compiled in scripted.items():
+        assert "prim::PythonOp" not in str(compiled.graph), (name, compiled.graph)
+        torch.jit.save(compiled, io.BytesIO())
+    assert torch.allclose(scripted["norm"](x), expected["norm"], atol=1e-6)
+    assert torch.allclose(scripted["products"](x[0, 0], x[1, 0]), expected["products"], atol=1e-5)
+
+
 def test_a_model_holding_a_widened_function_is_copied_and_saved_whole(speeds):
     """nn.TransformerEncoderLayer keeps F.gelu as its activation, and its encoder deep-copies
     the layer; torch.save(model) pickles it whole. Where gelu is widened the copies hold the

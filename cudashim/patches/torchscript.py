@@ -23,8 +23,11 @@ This group goes first: the builtin table must hear of every replacement the othe
 
 import atexit
 import functools
+import inspect
+import sys
 
 import torch
+import torch._jit_internal
 import torch.jit._builtins
 import torch.jit.annotations
 
@@ -40,6 +43,7 @@ TRANSLATES = ((LOAD.target, "map_location"),)          # by install(), with the 
 
 def install(activation):
     _follow_replacements_in_builtin_table(activation.registry)
+    _compiling_replaced_python_functions_as_their_originals(activation)
     activation.replace(torch.jit.annotations, "try_ann_to_type", _reading_classes_as_torch_holds_them)
     translate = activation.translator.for_api("torch.jit")
     _retarget_compiled_graphs(activation.registry, translate)
@@ -75,6 +79,48 @@ def _follow_replacements_in_builtin_table(registry):
             registry.set_item(table, id(replacement), op)
 
     registry.watch(enter_replacement)
+
+
+def _compiling_replaced_python_functions_as_their_originals(activation):
+    """A Python function of torch's that a group replaced (``F.group_norm`` where float16 is
+    widened, ``torch.tensordot``) is compiled as its original, as without cudashim.
+
+    TorchScript compiles only what ``inspect.isfunction`` calls a function, from its source. A
+    compiled gate is not one: TorchScript took it for an opaque Python call, which it could
+    not type (an internal assert, for ``torch.tensordot``), ran in Python where it could
+    (``nn.GroupNorm``: a scripted module that cannot be saved), and its boolean-dispatch lookup,
+    by weak reference, refused it first (``torch.jit.script(nn.GroupNorm(...))`` failed: "cannot
+    create weak reference to 'HalfGate'"). That lookup is TorchScript's first question about a
+    Python value that is no builtin, and its answer names what to compile: a replacement is
+    answered with its original's own dispatch where torch has one (``F.max_pool2d``'s on
+    ``return_indices``), else with one that takes the original whatever the call passes.
+    Scripted code runs torch's kernels, in C++; its devices are rewritten as each graph is
+    emitted."""
+    originals = {}                     # id(replacement) -> (replacement, original)
+
+    def enter_replacement(original, replacement):
+        if inspect.isfunction(original) and replacement is not original:
+            originals[id(replacement)] = (replacement, original)
+
+    activation.registry.watch(enter_replacement)
+
+    def looking_up(lookup):
+        @functools.wraps(lookup)
+        def _try_get_dispatched_fn(function):
+            entry = originals.get(id(function))
+            if entry is None or entry[0] is not function:
+                return lookup(function)
+            original = entry[1]
+            return lookup(original) or {"if_true": original, "if_false": original, "index": sys.maxsize,
+                                        "arg_name": _NO_CALL_PASSES_THIS, "default": True}
+        return _try_get_dispatched_fn
+
+    activation.replace(torch._jit_internal, "_try_get_dispatched_fn", looking_up)
+
+
+# The flag of the dispatch that always takes the original: at a position and under a name no
+# call has, so that its default, True, decides.
+_NO_CALL_PASSES_THIS = "_cudashim_original"
 
 
 def _reading_classes_as_torch_holds_them(original):
