@@ -71,6 +71,9 @@ NAMES: Dict[str, Name] = {name.path: name for name in (
        "trained under its autocast may fail in backward, as it does natively on such a device"),
     _n("torch._C._set_graph_executor_optimize", "torchscript", FALLBACK,
        "as torch._C._get_graph_executor_optimize"),
+    _n("torch._jit_internal._try_get_dispatched_fn", "torchscript", FALLBACK,
+       "TorchScript meets torch's Python functions that a group replaced as they are: scripted "
+       "code calling one (nn.GroupNorm's F.group_norm where float16 is widened) fails to compile"),
     _n("torch._native_multi_head_attention", "precision", FALLBACK,
        "nn.MultiheadAttention's fused inference path keeps float16 as asked where float16 is "
        "slow (its projections at float16's speed); its other path is computed by the policy"),

@@ -23,11 +23,11 @@ This group goes first: the builtin table must hear of every replacement the othe
 
 import atexit
 import functools
+import importlib
 import inspect
 import sys
 
 import torch
-import torch._jit_internal
 import torch.jit._builtins
 import torch.jit.annotations
 
@@ -96,6 +96,9 @@ def _compiling_replaced_python_functions_as_their_originals(activation):
     ``return_indices``), else with one that takes the original whatever the call passes.
     Scripted code runs torch's kernels, in C++; its devices are rewritten as each graph is
     emitted."""
+    lookup = torch_names.get("torch._jit_internal._try_get_dispatched_fn", None)
+    if lookup is None:
+        return
     originals = {}                     # id(replacement) -> (replacement, original)
 
     def enter_replacement(original, replacement):
@@ -115,7 +118,7 @@ def _compiling_replaced_python_functions_as_their_originals(activation):
                                         "arg_name": _NO_CALL_PASSES_THIS, "default": True}
         return _try_get_dispatched_fn
 
-    activation.replace(torch._jit_internal, "_try_get_dispatched_fn", looking_up)
+    activation.replace(importlib.import_module(lookup.__module__), "_try_get_dispatched_fn", looking_up)
 
 
 # The flag of the dispatch that always takes the original: at a position and under a name no
