@@ -20,7 +20,7 @@ from typing import Optional
 
 import torch
 
-from ..patching.out_tensors import written_to
+from .out_tensors import written_to
 
 # gap dtype -> the dtype it computes in on the CPU
 _WIDER = {

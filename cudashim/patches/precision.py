@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import torch_names
-from ..patching.out_tensors import written_to
+from ..kernels.out_tensors import written_to
 from ..patching.rewriter import compiled_twin
 from ..patching.watched import WatchedAttributes
 from ..precision import AS_ASKED, BFLOAT16, FLOAT32
