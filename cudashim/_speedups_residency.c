@@ -5,8 +5,10 @@
  * common call (``batch.to(device)`` on a tensor already there, ``loss.cpu()`` on a host
  * copy), so it is answered here: one dict probe of the residency's sides and the tensor back
  * (torch's move is asked first only where its other arguments could change the answer).
- * Every other outcome (a copy to make, a result to place, a tensor of unknown side) is the
- * Python twin's ``moved`` to decide, as without this type. */
+ * The copy a move makes of a plain tensor (``batch.cuda()``, ``weights.cpu()`` for a snapshot)
+ * is made here too, placed as the Python twin places it; every other outcome (a result torch
+ * made, a tensor whose storage is counted as the device's, a module's move under way, a
+ * subclass) is the Python twin's ``moved`` to decide, as without this type. */
 
 #include "_speedups.h"
 
@@ -24,11 +26,14 @@ typedef struct {
     PyObject *watchers;   /* None where not known, else callables: does a torch function mode,
                              or a JIT trace, see torch's calls now */
     PyObject *device_side, *host_side, *pinned_side;
+    PyObject *copying;    /* None (the Python twin copies), or (memory or None, the residency's
+                             per-thread module moves, torch.strided, counted(side) or None) */
     PyObject *dict;
     vectorcallfunc vectorcall;
 } StayObject;
 
 static PyObject *device_name, *cpu_name, *cpu_prefix;              /* interned */
+static PyObject *clone_name, *holds_name, *add_name, *layout_name, *moving_module_name, *is_cpu_name;
 
 /* The side a device argument names (borrowed): the device's, the host's, or None where it
  * names neither (a dtype, a device read off a tensor): torch's answer stands. NULL where
@@ -84,6 +89,26 @@ static int placed_on(StayObject *self, PyObject *tensor, PyObject *side)
     return known == side || (side == self->host_side && known == self->pinned_side);
 }
 
+/* Whether a torch function mode or a JIT trace sees torch's calls now: 1, 0, or -1 with an
+ * error set. Where torch cannot say (no watchers), 1: torch's own path is taken. */
+static int watched(StayObject *self)
+{
+    Py_ssize_t i;
+    if (!PyTuple_Check(self->watchers))
+        return 1;
+    for (i = 0; i < PyTuple_GET_SIZE(self->watchers); i++) {
+        PyObject *answer = PyObject_CallNoArgs(PyTuple_GET_ITEM(self->watchers, i));
+        int seen;
+        if (answer == NULL)
+            return -1;
+        seen = PyObject_IsTrue(answer);
+        Py_DECREF(answer);
+        if (seen != 0)
+            return seen;
+    }
+    return 0;
+}
+
 /* Whether ``spec`` names the one device of its side, not an index of it ("cpu:0" is another
  * device to torch, which copies there). */
 static int names_the_device_itself(StayObject *self, PyObject *spec)
@@ -107,21 +132,121 @@ static int names_the_device_itself(StayObject *self, PyObject *spec)
  * call; a JIT trace records torch's move). 1, 0, or -1 with an error set. */
 static int moves_to_itself(StayObject *self, PyObject *tensor, PyObject *side)
 {
-    Py_ssize_t i;
-    if (!PyTuple_Check(self->watchers) ||
-        PySequence_Contains(self->plain_types, (PyObject *)Py_TYPE(tensor)) != 1)
+    int seen;
+    if (PySequence_Contains(self->plain_types, (PyObject *)Py_TYPE(tensor)) != 1)
         return 0;
-    for (i = 0; i < PyTuple_GET_SIZE(self->watchers); i++) {
-        PyObject *answer = PyObject_CallNoArgs(PyTuple_GET_ITEM(self->watchers, i));
-        int watched;
-        if (answer == NULL)
-            return -1;
-        watched = PyObject_IsTrue(answer);
-        Py_DECREF(answer);
-        if (watched != 0)
-            return watched < 0 ? -1 : 0;
-    }
+    seen = watched(self);
+    if (seen != 0)
+        return seen < 0 ? -1 : 0;
     return placed_on(self, tensor, side);
+}
+
+/* The weak reference's callback for a copy placed here (``Residency.place``'s ``forget``):
+ * ``state`` is (sides, key); the entry goes with its tensor, unless a later one took its key. */
+static PyObject *forget_placed(PyObject *state, PyObject *reference)
+{
+    PyObject *sides = PyTuple_GET_ITEM(state, 0), *key = PyTuple_GET_ITEM(state, 1);
+    PyObject *entry = PyDict_GetItemWithError(sides, key);                  /* borrowed */
+    if (entry == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    if (PyTuple_Check(entry) && PyTuple_GET_SIZE(entry) == 2 && PyTuple_GET_ITEM(entry, 1) == reference
+            && PyDict_DelItem(sides, key) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef forget_placed_def = {"forget", forget_placed, METH_O, NULL};
+
+/* ``copy`` placed on ``side`` (``Residency.place``): known there by its sides entry, and
+ * counted as device memory where it went to the device. 0, or -1 with an error set. */
+static int place_copy(StayObject *self, PyObject *copy, PyObject *side, PyObject *memory)
+{
+    PyObject *key = PyLong_FromVoidPtr(copy), *state, *forget, *reference, *entry, *added;
+    int failed;
+    if (key == NULL)
+        return -1;
+    state = PyTuple_Pack(2, self->sides, key);
+    forget = state == NULL ? NULL : PyCFunction_New(&forget_placed_def, state);
+    Py_XDECREF(state);
+    reference = forget == NULL ? NULL : PyWeakref_NewRef(copy, forget);
+    Py_XDECREF(forget);
+    entry = reference == NULL ? NULL : PyTuple_Pack(2, side, reference);
+    Py_XDECREF(reference);
+    failed = entry == NULL || PyDict_SetItem(self->sides, key, entry) < 0;
+    Py_DECREF(key);
+    Py_XDECREF(entry);
+    if (failed)
+        return -1;
+    if (side != self->device_side || memory == Py_None)
+        return 0;
+    added = PyObject_CallMethodOneArg(memory, add_name, copy);
+    Py_XDECREF(added);
+    return added == NULL ? -1 : 0;
+}
+
+/* What a move of ``tensor`` to ``side`` returns where torch returned ``tensor`` itself and no
+ * move placed it there: a copy of its own, made and placed here (``Residency.moved``, whose
+ * every other outcome is left to it). NULL without an error where the Python twin decides,
+ * NULL with one set on failure. */
+static PyObject *copied_here(StayObject *self, PyObject *tensor, PyObject *side)
+{
+    PyObject *memory, *key, *entry, *answer, *copy;
+    int yes;
+    if (!PyTuple_Check(self->copying) || PyTuple_GET_SIZE(self->copying) != 4)
+        return NULL;
+    if (PySequence_Contains(self->plain_types, (PyObject *)Py_TYPE(tensor)) != 1)
+        return NULL;                     /* a subclass moves itself; torch's answer stands */
+    yes = watched(self);                 /* a graph being recorded moves as torch's code does */
+    if (yes != 0)
+        return NULL;
+    memory = PyTuple_GET_ITEM(self->copying, 0);
+    key = PyLong_FromVoidPtr(tensor);
+    if (key == NULL)
+        return NULL;
+    entry = PyDict_GetItemWithError(self->sides, key);
+    Py_DECREF(key);
+    if (entry == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        /* not placed: a view of counted device memory, or a module's own tensor mid-move,
+         * is the twin's to answer */
+        if (memory != Py_None) {
+            answer = PyObject_CallMethodOneArg(memory, holds_name, tensor);
+            yes = answer == NULL ? -1 : PyObject_IsTrue(answer);
+            Py_XDECREF(answer);
+            if (yes != 0)
+                return NULL;
+        }
+        answer = PyObject_GetAttr(PyTuple_GET_ITEM(self->copying, 1), moving_module_name);
+        yes = answer == NULL ? -1 : PyObject_IsTrue(answer);
+        Py_XDECREF(answer);
+        if (yes != 0)
+            return NULL;
+    }
+    answer = PyObject_GetAttr(tensor, layout_name);
+    if (answer == NULL)
+        return NULL;
+    yes = answer == PyTuple_GET_ITEM(self->copying, 2);
+    Py_DECREF(answer);
+    if (!yes)
+        return NULL;                     /* sparse, nested: torch's answer stands */
+    copy = PyObject_CallMethodNoArgs(tensor, clone_name);
+    if (copy == NULL)
+        return NULL;
+    if (PyTuple_GET_ITEM(self->copying, 3) != Py_None) {
+        answer = PyObject_CallOneArg(PyTuple_GET_ITEM(self->copying, 3), side);
+        if (answer == NULL) {
+            Py_DECREF(copy);
+            return NULL;
+        }
+        Py_DECREF(answer);
+    }
+    if (place_copy(self, copy, side, memory) < 0)
+        Py_CLEAR(copy);
+    return copy;
 }
 
 static PyObject *Stay_vectorcall(StayObject *self, PyObject *const *args, size_t nargsf,
@@ -151,6 +276,18 @@ static PyObject *Stay_vectorcall(StayObject *self, PyObject *const *args, size_t
             Py_INCREF(args[0]);
             return args[0];
         }
+        /* Nor is torch asked where the tensor is in host memory: its move would return the
+         * tensor itself, of which this move is a copy. */
+        out = PyObject_GetAttr(args[0], is_cpu_name);
+        if (out == NULL)
+            return NULL;
+        placed = out == Py_True;
+        Py_DECREF(out);
+        if (placed) {
+            out = copied_here(self, args[0], side);
+            if (out != NULL || PyErr_Occurred())
+                return out;
+        }
     }
     result = PyObject_Vectorcall(self->move, args, nargsf, kwnames);
     if (result == NULL || side == Py_None)
@@ -161,6 +298,11 @@ static PyObject *Stay_vectorcall(StayObject *self, PyObject *const *args, size_t
             if (placed < 0)
                 Py_CLEAR(result);
             return result;
+        }
+        out = copied_here(self, args[0], side);
+        if (out != NULL || PyErr_Occurred()) {
+            Py_DECREF(result);
+            return out;
         }
     }
     stack[0] = args[0];
@@ -175,20 +317,21 @@ static PyObject *Stay_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     static char *keywords[] = {"move", "fallback", "moved", "sides", "side", "device", "named",
                                "tensor_type", "device_side", "host_side", "pinned_side",
-                               "plain_types", "watchers", NULL};
-    PyObject *values[13];
+                               "plain_types", "watchers", "copying", NULL};
+    PyObject *values[14];
     StayObject *self;
     int i;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO!OOO!O!OOOO!O:Stay", keywords, &values[0],
+    values[13] = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO!OOO!O!OOOO!O|O:Stay", keywords, &values[0],
                                      &values[1], &values[2], &PyDict_Type, &values[3], &values[4],
                                      &values[5], &PyDict_Type, &values[6], &PyType_Type, &values[7],
                                      &values[8], &values[9], &values[10], &PyTuple_Type, &values[11],
-                                     &values[12]))
+                                     &values[12], &values[13]))
         return NULL;
     self = (StayObject *)type->tp_alloc(type, 0);
     if (self == NULL)
         return NULL;
-    for (i = 0; i < 13; i++)
+    for (i = 0; i < 14; i++)
         Py_INCREF(values[i]);
     self->move = values[0];
     self->fallback = values[1];
@@ -203,6 +346,7 @@ static PyObject *Stay_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->pinned_side = values[10];
     self->plain_types = values[11];
     self->watchers = values[12];
+    self->copying = values[13];
     self->vectorcall = (vectorcallfunc)Stay_vectorcall;
     return (PyObject *)self;
 }
@@ -222,6 +366,7 @@ static int Stay_traverse(StayObject *self, visitproc visit, void *arg)
     Py_VISIT(self->pinned_side);
     Py_VISIT(self->plain_types);
     Py_VISIT(self->watchers);
+    Py_VISIT(self->copying);
     Py_VISIT(self->dict);
     return 0;
 }
@@ -241,6 +386,7 @@ static int Stay_clear(StayObject *self)
     Py_CLEAR(self->pinned_side);
     Py_CLEAR(self->plain_types);
     Py_CLEAR(self->watchers);
+    Py_CLEAR(self->copying);
     Py_CLEAR(self->dict);
     return 0;
 }
@@ -265,7 +411,7 @@ PyTypeObject StayType = {
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
                 Py_TPFLAGS_METHOD_DESCRIPTOR,
     .tp_doc = "Stay(move, fallback, moved, sides, side, device, named, tensor_type, device_side, "
-              "host_side, pinned_side, plain_types, watchers): a move that returns its tensor where a move placed it already",
+              "host_side, pinned_side, plain_types, watchers, copying=None): a move that returns its tensor where a move placed it already",
     .tp_new = Stay_new,
     .tp_traverse = (traverseproc)Stay_traverse,
     .tp_clear = (inquiry)Stay_clear,
@@ -286,5 +432,13 @@ int residency_init_names(void)
     device_name = PyUnicode_InternFromString("device");
     cpu_name = PyUnicode_InternFromString("cpu");
     cpu_prefix = PyUnicode_InternFromString("cpu:");
-    return device_name != NULL && cpu_name != NULL && cpu_prefix != NULL;
+    clone_name = PyUnicode_InternFromString("clone");
+    holds_name = PyUnicode_InternFromString("holds");
+    add_name = PyUnicode_InternFromString("add");
+    layout_name = PyUnicode_InternFromString("layout");
+    moving_module_name = PyUnicode_InternFromString("moving_module");
+    is_cpu_name = PyUnicode_InternFromString("is_cpu");
+    return device_name != NULL && cpu_name != NULL && cpu_prefix != NULL && clone_name != NULL &&
+           holds_name != NULL && add_name != NULL && layout_name != NULL && moving_module_name != NULL &&
+           is_cpu_name != NULL;
 }

@@ -67,7 +67,6 @@ class Residency:
         self._local = _ModuleMoves()
         self._compiling = torch.compiler.is_compiling
         self._tracing = torch.jit.is_tracing
-        self.copies = 0
 
     # --- sides ---------------------------------------------------------------------------
     def side_of(self, tensor) -> Optional[str]:
@@ -103,10 +102,18 @@ class Residency:
     def copy(self, tensor, side: str, api: str = "a move"):
         """A copy of ``tensor`` of its own, placed on ``side``."""
         result = tensor.clone()
-        self.copies += 1
         if self._count is not None:
             self._count(f"{api}, a copy", f"a copy to the {side}, as on CUDA")
         return self.place(result, side)
+
+    def copying(self, api: str) -> tuple:
+        """What a compiled move (``cudashim._speedups.Stay``) needs to make ``copy``'s copies
+        itself: the device memory, the per-thread module moves, the dense layout, and the
+        report's count for ``api`` (None where nothing is reported)."""
+        count = self._count
+        counted = None if count is None else \
+            (lambda side: count(f"{api}, a copy", f"a copy to the {side}, as on CUDA"))
+        return (self.memory, self._local, torch.strided, counted)
 
     def moved(self, tensor, result, side: Optional[str], api: str = "a move"):
         """What a move of ``tensor`` to ``side`` returns, given torch's own ``result`` (the

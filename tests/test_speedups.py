@@ -68,6 +68,7 @@ CALLS = [
     ("moved to another tensor's side", lambda t: (lambda d: (t.to(d) is t, d.to(t) is d,
                                                              d.to(d) is d))(t.cuda())),
     ("unplaced tensor moved", lambda t: (t.cuda() is t, t.to("cuda") is t, t.cpu() is t)),
+    ("copies made by moves", lambda t: copies_made(t)),
     ("placed tensor moved under a function mode", lambda t: moved_under_a_mode(t.cuda())),
     ("placed tensor moved in a JIT trace", lambda t: traced_moves(t.cuda())),
     ("device cuda", lambda t: torch.device("cuda")),
@@ -110,6 +111,27 @@ def traced_moves(device_tensor):
         warnings.simplefilter("ignore")          # the trace's own warnings about devices
         graph = torch.jit.trace(moves, (device_tensor,), check_trace=False).graph
     return sorted(node.kind() for node in graph.nodes() if node.kind().startswith("aten::"))
+
+
+def copies_made(host):
+    """What moves that copy leave: memory of their own, counted on the device while they live
+    and forgotten when they die; a view of device memory stays; a sparse tensor is torch's."""
+    from cudashim import activation
+    sides = activation.current_activation().residency.sides
+    known, counted = len(sides), torch.cuda.memory_allocated()
+    device = host.cuda()
+    seen = [device is not host, device.data_ptr() != host.data_ptr(), device.tolist(),
+            torch.cuda.memory_allocated() - counted, len(sides) - known]
+    view = device[1:]
+    seen += [view.cuda() is view, view.to("cuda") is view, view.cpu().data_ptr() != view.data_ptr()]
+    back = device.cpu()
+    seen += [back is not device, back.data_ptr() != device.data_ptr(), back.cuda().data_ptr() != back.data_ptr()]
+    sparse = host.to_sparse()
+    seen += [sparse.cuda() is sparse, sparse.cpu() is sparse]
+    seen.append(torch.nn.Parameter(host.clone()).cuda().__class__.__name__)   # a Tensor, as CUDA's
+    del device, view, back
+    seen += [torch.cuda.memory_allocated() - counted, len(sides) - known]
+    return seen
 
 
 def outcome(call, tensor):
@@ -159,6 +181,8 @@ def test_compiled_and_pure_python_wrappers_agree_on_every_call():
         "value", repr([(True, True), (True, True), (False, True)]))
     assert compiled["placed tensor moved in a JIT trace"][1].count("aten::to") >= 2
     assert compiled["host copy moved again"] == ("value", repr((True,) * 3 + (False, False, "meta")))
+    assert compiled["copies made by moves"] == ("value", repr(
+        [True, True, [0.0, 1.0, 2.0], 12, 1, True, True, True, True, True, True, True, True, "Tensor", 0, 0]))
     assert compiled["staging buffers made pinned"] == ("value", repr((True, True, False, False, True, False)))
 
 

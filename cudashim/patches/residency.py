@@ -124,7 +124,7 @@ def compiled_stay(activation, residency):
             return moved(tensor, result, side, api)
         return compiled_twin(compiled.Stay(move, python, decide, residency.sides, side, device_object,
                                            named, torch._C.TensorBase, DEVICE, HOST, PINNED, plain,
-                                           watchers), python)
+                                           watchers, residency.copying(api)), python)
     return stay
 
 
