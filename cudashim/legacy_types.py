@@ -32,6 +32,17 @@ def cuda_tensor_name(tensor_type):
     return name if name in TENSOR_NAMES else None
 
 
+HOST_TENSOR_NAMES = frozenset(f"torch.{name}" for name in TENSOR_CLASSES)
+
+
+def names_a_host_type(tensor_type) -> bool:
+    """Whether ``tensor_type`` is one of torch's legacy host tensor types (``torch.FloatTensor``,
+    or its name): ``t.type(torch.FloatTensor)`` is a move to the host."""
+    if isinstance(tensor_type, str):
+        return tensor_type in HOST_TENSOR_NAMES
+    return any(getattr(torch, name, None) is tensor_type for name in TENSOR_CLASSES)
+
+
 def host_tensor_name(cuda_name: str) -> str:
     """The CPU type of the same element type: ``"torch.HalfTensor"``."""
     return cuda_name.replace("torch.cuda.", "torch.", 1)

@@ -18,7 +18,11 @@ Where a tensor's side is not known (the result of an op, a tensor loaded from a 
 is a copy in either direction: data are never aliased where CUDA copies, and an alias is lost
 only where a program moves an unplaced tensor to where it already is, which then costs a memcpy
 CUDA does not pay (a move by a device read off a tensor, ``t.to(x.device)``, is not one: it
-keeps torch's answer). A module's move is the other way round: its parameters and buffers of unknown side
+keeps torch's answer). A tensor a constructor makes on the device of memory torch does not own (``torch.as_tensor``
+or ``torch.asarray`` of an array, a buffer) is a copy too, as CUDA copies it to its device; so
+is ``numpy(force=True)`` of a tensor not known to be on the host, which CUDA moves there first.
+
+A module's move is the other way round: its parameters and buffers of unknown side
 stay, and are placed where the module went. A module moves itself in place, so nothing of
 the program's still points to the memory it leaves, while views into a framework's flattened
 buffer, buffers a program also holds, and tied weights must stay what they were.
@@ -35,9 +39,11 @@ import torch
 
 DEVICE, HOST, PINNED = "device", "host", "pinned host"
 _HOST_SIDES = (HOST, PINNED)
+# What torch makes a tensor of in memory of its own: nothing of the program's is shared.
+_PYTHON_VALUES = (list, tuple, int, float, complex, bool)
 
 
-def _plain_dense(tensor) -> bool:
+def plain_dense(tensor) -> bool:
     """Tensors whose move torch makes itself: plain and strided (not a subclass that moves
     itself, not sparse or nested)."""
     return (tensor.__class__ is torch.Tensor or tensor.__class__ is torch.nn.Parameter) \
@@ -138,9 +144,30 @@ class Residency:
                     return tensor
             elif self._local.moving_module:
                 return tensor             # a module's own tensor of unknown side stays (above)
-        if not _plain_dense(tensor):
+        if not plain_dense(tensor):
             return result
         return self.copy(tensor, side, api)
+
+    def adopted(self, data, result, side: Optional[str], api: str):
+        """What a constructor that may share the memory of ``data`` (not a tensor: an array, a
+        buffer, a DLPack capsule) returns for ``side``, given torch's ``result``. On CUDA such
+        memory is the host's, so a tensor made of it on the device is a copy: here too, unless
+        torch made the memory itself (from Python values) or it is device memory already."""
+        if side != DEVICE or isinstance(data, _PYTHON_VALUES) or not plain_dense(result):
+            return result
+        if self.memory is not None and self.memory.holds(result):
+            return result
+        if self._compiling() or self._tracing():
+            return result
+        return self.copy(result, side, api)
+
+    def forced_to_host(self, tensor):
+        """What ``numpy(force=True)`` reads of ``tensor``: on CUDA it moves a device tensor to the
+        host first, so a tensor not known to be on the host is copied (as a move of unknown side
+        is); a host tensor is itself, whose memory the array shares."""
+        if self.is_host(tensor) or not plain_dense(tensor) or self._compiling() or self._tracing():
+            return tensor
+        return self.copy(tensor.detach(), HOST, "Tensor.numpy(force=True)")
 
     # --- modules -------------------------------------------------------------------------
     @property

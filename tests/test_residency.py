@@ -189,10 +189,12 @@ def test_the_report_counts_the_copies_it_made(tmp_path):
 
 def test_deactivation_restores_torch_own_moves():
     result = python("-c", "import torch, cudashim\n"
-                    "before = (torch.Tensor.to, torch.Tensor.cpu, torch.Tensor.cuda, torch.as_tensor,"
+                    "before = (torch.Tensor.to, torch.Tensor.cpu, torch.Tensor.cuda, torch.as_tensor, torch.asarray,"
+                    " torch.Tensor.numpy, torch.Tensor.type,"
                     " torch.nn.Module.to, torch.nn.Module.cuda, torch.nn.Module.cpu, torch.Tensor.pin_memory)\n"
-                    "cudashim.activate('cpu')\nx = torch.ones(2).cuda()\ncudashim.deactivate()\n"
-                    "after = (torch.Tensor.to, torch.Tensor.cpu, torch.Tensor.cuda, torch.as_tensor,"
+                    "cudashim.activate('cpu')\nx = torch.ones(2).cuda()\nx.numpy(force=True)\ncudashim.deactivate()\n"
+                    "after = (torch.Tensor.to, torch.Tensor.cpu, torch.Tensor.cuda, torch.as_tensor, torch.asarray,"
+                    " torch.Tensor.numpy, torch.Tensor.type,"
                     " torch.nn.Module.to, torch.nn.Module.cuda, torch.nn.Module.cpu, torch.Tensor.pin_memory)\n"
                     "assert before == after, (before, after)\nassert x.cpu() is x\nprint('restored')")
     assert result.returncode == 0 and "restored" in result.stdout, result.stderr

@@ -13,6 +13,7 @@ import functools
 import torch
 
 from .. import legacy_types
+from ..residency import DEVICE, HOST
 from .tensors import on_target_check
 
 
@@ -26,6 +27,7 @@ def _tensor_type(activation):
     on_target = on_target_check(activation.backend)
     translate = activation.translator.for_api("Tensor.type")
     real_to = torch._C.TensorBase.to
+    residency = activation.residency      # where device memory is host memory: moves copy
 
     def make_type(original):
         def type_(self, dtype=None, non_blocking=False, **kwargs):
@@ -35,9 +37,13 @@ def _tensor_type(activation):
                 return original(self)
             name = legacy_types.cuda_tensor_name(dtype)
             if name is not None:
-                return real_to(self, device=translate("cuda"), dtype=legacy_types.TENSOR_NAMES[name],
-                               non_blocking=non_blocking)
-            return original(self, dtype, non_blocking, **kwargs)
+                result = real_to(self, device=translate("cuda"), dtype=legacy_types.TENSOR_NAMES[name],
+                                 non_blocking=non_blocking)
+                return result if residency is None else residency.moved(self, result, DEVICE, "Tensor.type")
+            result = original(self, dtype, non_blocking, **kwargs)
+            if residency is not None and legacy_types.names_a_host_type(dtype):
+                return residency.moved(self, result, HOST, "Tensor.type")
+            return result
         return functools.wraps(original)(type_)
 
     activation.replace(torch.Tensor, "type", make_type)

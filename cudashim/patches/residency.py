@@ -80,21 +80,46 @@ def install(activation):
             return moved(self, original(self, *args, **kwargs), HOST, "Tensor.cpu")
         return stay(original, cpu, HOST, "Tensor.cpu")
 
+    def made(data, result, spec, api):
+        """What a constructor of ``data`` for ``spec`` returns: a tensor's move, or an array's
+        or buffer's adoption (``Residency.adopted``)."""
+        side = side_of_spec(spec, residency) if spec is not None else None
+        if side is None:
+            return result
+        if isinstance(data, torch.Tensor):
+            return moved(data, result, side, api)
+        return residency.adopted(data, result, side, api)
+
     def make_as_tensor(original):
         @functools.wraps(original)
         def as_tensor(data, *args, **kwargs):
             result = original(data, *args, **kwargs)
-            if not isinstance(data, torch.Tensor):
-                return result
-            spec = args[1] if len(args) > 1 else kwargs.get("device")
-            side = side_of_spec(spec, residency) if spec is not None else None
-            return result if side is None else moved(data, result, side, "torch.as_tensor")
+            return made(data, result, args[1] if len(args) > 1 else kwargs.get("device"), "torch.as_tensor")
         return as_tensor
+
+    def make_asarray(original):
+        @functools.wraps(original)
+        def asarray(obj, *args, **kwargs):
+            result = original(obj, *args, **kwargs)
+            if kwargs.get("copy") is False:
+                return result             # sharing asked for: torch's answer (CUDA's refuses a move)
+            return made(obj, result, kwargs.get("device"), "torch.asarray")
+        return asarray
+
+    def make_numpy(original):
+        @functools.wraps(original)
+        def numpy(self, *args, **kwargs):
+            if kwargs.get("force", args[0] if args else False):
+                return original(residency.forced_to_host(self), *args, **kwargs)
+            return original(self, *args, **kwargs)
+        return numpy
 
     # Beneath the device translation of Tensor.to and as_tensor (one patch each), or in torch's
     # place where nothing translates them.
     beneath(activation, torch.Tensor, "to", make_to)
     beneath(activation, torch, "as_tensor", make_as_tensor)
+    beneath(activation, torch, "asarray", make_asarray)
+    activation.replace(torch.Tensor, "numpy", make_numpy)
     activation.replace(torch.Tensor, "cpu", make_cpu)
     _install_module_moves(activation, residency, side_of_spec)
     if residency.memory is not None:

@@ -10,6 +10,7 @@ import json
 import sys
 import threading
 
+import numpy as np
 import torch
 import torch.nn as nn
 
@@ -59,6 +60,43 @@ check("as_tensor(device=) copies", torch.as_tensor(source, device=device).add_(1
       and source.tolist() == [0, 1, 2, 3])
 check("tensor(t, device=) copies", torch.tensor(source, device=device).add_(1) is not None
       and source.tolist() == [0, 1, 2, 3])
+check("asarray(t, device=) copies", torch.asarray(source, device=device).add_(1) is not None
+      and source.tolist() == [0, 1, 2, 3])
+on_device = torch.arange(3.0, device=device)
+torch.asarray(on_device, device="cpu").add_(1)
+check("asarray(device tensor, device='cpu') copies", on_device.cpu().tolist() == [0, 1, 2])
+torch.asarray(on_device, device=device).add_(1)
+check("asarray(device tensor, device=) shares its memory", on_device.cpu().tolist() == [1, 2, 3])
+
+# an input pipeline that refills one preallocated array for every batch it hands to the device
+array = np.zeros((2, 3), dtype=np.float32)
+handed = []
+for value in (1.0, 2.0):
+    array.fill(value)
+    handed.append(torch.as_tensor(array, device=device))
+array.fill(3.0)
+handed.append(torch.asarray(array, device=device))
+array.fill(4.0)
+check("as_tensor/asarray of a refilled array copy it", [b.cpu()[0, 0].item() for b in handed] == [1, 2, 3])
+check("as_tensor of an array on the host shares it", torch.as_tensor(array).add_(1) is not None
+      and array[0, 0] == 5)
+
+# legacy tensor types as moves: t.type(torch.cuda.FloatTensor), and back with torch.FloatTensor
+legacy = torch.ones(3)
+legacy.type(torch.cuda.FloatTensor).add_(1)
+legacy.type("torch.cuda.FloatTensor").add_(1)
+check("type(torch.cuda.FloatTensor) copies", legacy.tolist() == [1, 1, 1])
+legacy_device = torch.ones(3, device=device)
+legacy_device.type(torch.FloatTensor).add_(1)
+legacy_device.type("torch.FloatTensor").add_(1)
+check("type(torch.FloatTensor) of a device tensor copies", legacy_device.cpu().tolist() == [1, 1, 1])
+
+# metrics computed on an array taken with numpy(force=True), edited in place
+logits = torch.linspace(-1, 1, 12, device=device, requires_grad=True).view(4, 3) * 2
+kept_logits = logits.detach().clone()
+probabilities = logits.numpy(force=True)
+probabilities[probabilities < 0] = 0
+check("numpy(force=True) of a device tensor is a copy", torch.equal(logits.detach(), kept_logits))
 
 
 # --- a small model trained as programs train ----------------------------------------------
