@@ -21,6 +21,9 @@ CUDA does not pay (a move by a device read off a tensor, ``t.to(x.device)``, is 
 keeps torch's answer). A tensor a constructor makes on the device of memory torch does not own (``torch.as_tensor``
 or ``torch.asarray`` of an array, a buffer) is a copy too, as CUDA copies it to its device; so
 is ``numpy(force=True)`` of a tensor not known to be on the host, which CUDA moves there first.
+A storage's move (``storage.cuda()``, ``.cpu()``) copies as a tensor's does. An optimizer's
+loaded state is copied to the device for a parameter there, as CUDA's ``load_state_dict``
+moves it (torch moves it by the parameter's device, here the host's).
 
 A module's move is the other way round: its parameters and buffers of unknown side
 stay, and are placed where the module went. A module moves itself in place, so nothing of
@@ -48,6 +51,12 @@ def plain_dense(tensor) -> bool:
     itself, not sparse or nested)."""
     return (tensor.__class__ is torch.Tensor or tensor.__class__ is torch.nn.Parameter) \
         and tensor.layout is torch.strided
+
+
+def _viewing(storage):
+    """A tensor over ``storage``: how the device-memory count, which counts tensors' storages,
+    is asked about a storage."""
+    return torch.empty(0, dtype=torch.uint8).set_(storage)
 
 
 class _ModuleMoves(threading.local):
@@ -160,6 +169,49 @@ class Residency:
         if self._compiling() or self._tracing():
             return result
         return self.copy(result, side, api)
+
+    def storage_moved(self, storage, result, side: Optional[str], api: str):
+        """What a storage's move (``UntypedStorage.cuda()``, ``.cpu()``, ``.to(device=)``, and
+        the typed storages' through them) returns: as a tensor's move, the storage itself where it
+        is known to be at the destination (device memory counted, or a copy this placed), else
+        a copy of its own."""
+        if side is None or result is not storage:
+            return result
+        known = self.sides.get(id(storage))
+        if known is not None and known[0] == side:
+            return storage
+        on_device = self.memory is not None and self.memory.holds(_viewing(storage))
+        if (on_device and side == DEVICE) or self._compiling() or self._tracing():
+            return storage
+        copy = storage.clone()
+        if self._count is not None:
+            self._count(f"{api}, a copy", f"a copy to the {side}, as on CUDA")
+        if side == DEVICE and self.memory is not None:
+            self.memory.add(_viewing(copy))
+        else:
+            self.place(copy, side)
+        return copy
+
+    def loaded_optimizer_state(self, optimizer, state_dict) -> None:
+        """After ``Optimizer.load_state_dict``: torch moved each state tensor to its parameter's
+        device by a device read off the parameter, which here is the host's, so a parameter on the
+        device kept the loaded dict's own host tensor. CUDA copies it there; so does this, where
+        CUDA would (not a step counter kept on the host, not a tensor already on the device)."""
+        given = {id(value) for state in state_dict.get("state", {}).values() if isinstance(state, dict)
+                 for value in state.values() if isinstance(value, torch.Tensor)}
+        if not given:
+            return
+        for group in optimizer.param_groups:
+            steps_move = bool(group.get("capturable") or group.get("fused"))
+            for parameter in group["params"]:
+                state = optimizer.state.get(parameter)
+                if not state or self.side_of(parameter) != DEVICE:
+                    continue
+                for key, value in list(state.items()):
+                    if id(value) not in given or (key == "step" and not steps_move) \
+                            or self.side_of(value) == DEVICE or not plain_dense(value):
+                        continue
+                    state[key] = self.copy(value, DEVICE, "Optimizer.load_state_dict")
 
     def forced_to_host(self, tensor):
         """What ``numpy(force=True)`` reads of ``tensor``: on CUDA it moves a device tensor to the

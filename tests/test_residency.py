@@ -190,11 +190,14 @@ def test_the_report_counts_the_copies_it_made(tmp_path):
 def test_deactivation_restores_torch_own_moves():
     result = python("-c", "import torch, cudashim\n"
                     "before = (torch.Tensor.to, torch.Tensor.cpu, torch.Tensor.cuda, torch.as_tensor, torch.asarray,"
-                    " torch.Tensor.numpy, torch.Tensor.type,"
+                    " torch.Tensor.numpy, torch.Tensor.type, vars(torch.UntypedStorage).get('to'),"
+                    " vars(torch.UntypedStorage).get('cpu'), torch.optim.Optimizer.load_state_dict,"
                     " torch.nn.Module.to, torch.nn.Module.cuda, torch.nn.Module.cpu, torch.Tensor.pin_memory)\n"
-                    "cudashim.activate('cpu')\nx = torch.ones(2).cuda()\nx.numpy(force=True)\ncudashim.deactivate()\n"
+                    "cudashim.activate('cpu')\nx = torch.ones(2).cuda()\nx.numpy(force=True)\nx.untyped_storage().cpu()\n"
+                    "cudashim.deactivate()\n"
                     "after = (torch.Tensor.to, torch.Tensor.cpu, torch.Tensor.cuda, torch.as_tensor, torch.asarray,"
-                    " torch.Tensor.numpy, torch.Tensor.type,"
+                    " torch.Tensor.numpy, torch.Tensor.type, vars(torch.UntypedStorage).get('to'),"
+                    " vars(torch.UntypedStorage).get('cpu'), torch.optim.Optimizer.load_state_dict,"
                     " torch.nn.Module.to, torch.nn.Module.cuda, torch.nn.Module.cpu, torch.Tensor.pin_memory)\n"
                     "assert before == after, (before, after)\nassert x.cpu() is x\nprint('restored')")
     assert result.returncode == 0 and "restored" in result.stdout, result.stderr

@@ -121,7 +121,9 @@ def install(activation):
     beneath(activation, torch, "asarray", make_asarray)
     activation.replace(torch.Tensor, "numpy", make_numpy)
     activation.replace(torch.Tensor, "cpu", make_cpu)
+    _install_storage_moves(activation, residency, side_of_spec)
     _install_module_moves(activation, residency, side_of_spec)
+    _copy_loaded_optimizer_state(activation, residency)
     if residency.memory is not None:
         _count_what_optimizers_step(activation, residency.memory)
 
@@ -156,6 +158,41 @@ def compiled_stay(activation, residency):
 def beneath(activation, owner, name, make):
     """``make(torch's function)`` for the rewrite of ``owner.name`` to wrap."""
     activation.beneath[vars(owner).get(name, getattr(owner, name))] = make
+
+
+def _install_storage_moves(activation, residency, side_of_spec):
+    """``UntypedStorage.to``/``cpu`` (the typed storages move through them, and ``cuda()``, which
+    the ``tensors`` group translates, through ``to``): copies as a tensor's moves are."""
+    def make_to(original):
+        @functools.wraps(original)
+        def to(self, *args, **kwargs):
+            result = original(self, *args, **kwargs)
+            spec = kwargs.get("device")
+            side = side_of_spec(spec, residency) if spec is not None else None
+            return residency.storage_moved(self, result, side, "Storage.to")
+        return to
+
+    def make_cpu(original):
+        @functools.wraps(original)
+        def cpu(self, *args, **kwargs):
+            return residency.storage_moved(self, original(self, *args, **kwargs), HOST, "Storage.cpu")
+        return cpu
+
+    beneath(activation, torch.UntypedStorage, "to", make_to)      # under the tensors group's translation
+    activation.replace(torch.UntypedStorage, "cpu", make_cpu)
+
+
+def _copy_loaded_optimizer_state(activation, residency):
+    """``Optimizer.load_state_dict`` (subclasses call it), then ``Residency.loaded_optimizer_state``."""
+    def make(original):
+        @functools.wraps(original)
+        def load_state_dict(self, state_dict, *args, **kwargs):
+            result = original(self, state_dict, *args, **kwargs)
+            residency.loaded_optimizer_state(self, state_dict)
+            return result
+        return load_state_dict
+
+    activation.replace(torch.optim.Optimizer, "load_state_dict", make)
 
 
 def _install_module_moves(activation, residency, side_of_spec):

@@ -29,6 +29,7 @@ REWRITES = (
     *(Rewrite(f"torch:Tensor.{name}", (Argument(DEVICE), Argument(PIN_MEMORY, "pin_memory")), places=True)
       for name in ("new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full", "new_tensor")),
     rewrite("torch:TypedStorage.to", DEVICE),
+    rewrite("torch:UntypedStorage.to", DEVICE),
     *(rewrite(f"torch:TypedStorage.{name}", DEVICE, missing="cuda")     # device="cuda" by default
       for name in ("pin_memory", "is_pinned")),
     rewrite("torch:TypedStorage.__new__", DEVICE),

@@ -6,6 +6,7 @@ results go to the JSON file named by the first argument.
 """
 
 import copy
+import io
 import json
 import sys
 import threading
@@ -97,6 +98,51 @@ kept_logits = logits.detach().clone()
 probabilities = logits.numpy(force=True)
 probabilities[probabilities < 0] = 0
 check("numpy(force=True) of a device tensor is a copy", torch.equal(logits.detach(), kept_logits))
+
+
+# storages moved by themselves: a snapshot of a device tensor's storage, and a checkpoint read with
+# the map_location idiom of older programs
+weights = torch.ones(4, device=device)
+snapshot = weights.untyped_storage().cpu()
+typed_snapshot = weights.storage().cpu()
+weights.add_(1)
+check("storage.cpu() copies", torch.empty(0).set_(snapshot, 0, (4,)).tolist() == [1, 1, 1, 1]
+      and typed_snapshot.tolist() == [1, 1, 1, 1])
+host_values = torch.ones(4)
+on_device_storage = host_values.untyped_storage().cuda()
+host_values.add_(1)
+check("storage.cuda() copies", torch.empty(0, device=device).set_(on_device_storage, 0, (4,)).cpu().tolist()
+      == [1, 1, 1, 1])
+buffer = io.BytesIO()
+torch.save({"w": torch.arange(3.0)}, buffer)
+buffer.seek(0)
+restored = torch.load(buffer, map_location=lambda storage, location: storage.cuda())["w"]
+check("map_location=lambda storage, loc: storage.cuda()", restored.cpu().tolist() == [0, 1, 2])
+
+# one optimizer checkpoint, read once and restored at the start of each trial of a sweep
+swept = nn.Linear(3, 3).to(device)
+sweep_optimizer = torch.optim.Adam(swept.parameters(), lr=0.1)
+
+
+def sweep_step():
+    sweep_optimizer.zero_grad()
+    swept(torch.ones(2, 3, device=device)).pow(2).sum().backward()
+    sweep_optimizer.step()
+
+
+sweep_step()
+buffer = io.BytesIO()
+torch.save(sweep_optimizer.state_dict(), buffer)
+buffer.seek(0)
+optimizer_checkpoint = torch.load(buffer, map_location="cpu")
+as_read = copy.deepcopy(optimizer_checkpoint)
+sweep_optimizer.load_state_dict(optimizer_checkpoint)
+sweep_step()
+check("an optimizer's loaded state leaves the checkpoint read", all(
+    torch.equal(optimizer_checkpoint["state"][k][name], as_read["state"][k][name])
+    for k in as_read["state"] for name in ("exp_avg", "exp_avg_sq")))
+check("an optimizer's loaded state is on the parameters' device",
+      sweep_optimizer.state[swept.weight]["exp_avg"].device == swept.weight.device)
 
 
 # --- a small model trained as programs train ----------------------------------------------
