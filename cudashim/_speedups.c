@@ -18,6 +18,9 @@
  *   Stay            a move to where a move placed the tensor already: the tensor itself
  *   LengthGate      a norm or dot blocked past a length, called shorter
  *
+ * and one function, not a wrapper: holding(), the search for references to a displaced
+ * CUDA-only library at activation (cudashim/substitutes/finder.py).
+ *
  * The types live in seven files: _speedups_callers.c (who asks: CallerCache, TruthSwitch,
  * IsCuda), _speedups_devices.c (device arguments: Rewriter, DefaultDevice, NamedDevice),
  * _speedups_gaps.c (DtypeGate), _speedups_precision.c (HalfGate), _speedups_memory.c
@@ -56,12 +59,91 @@ PyGetSetDef wrapper_getset[] = {
 };
 
 /* ------------------------------------------------------------------------------------ */
+/* holding(modules, objects): which modules' namespaces hold one of the objects           */
+/* ------------------------------------------------------------------------------------ */
+
+/* The twin of cudashim/substitutes/finder.py:_holding, run once at activation where a CUDA-only
+ * library imported before it is displaced by its stand-in: every module imported so far (a
+ * thousand or more, some fifty thousand names) is searched by identity. Python spends an
+ * integer object per name on ``id``; here each name costs one probe of a table of pointers
+ * (open addressing, at most half full). */
+
+static size_t pointer_slot(uintptr_t pointer, size_t mask)
+{
+    return (size_t)(((uint64_t)(pointer >> 4) * UINT64_C(0x9E3779B97F4A7C15)) >> 20) & mask;
+}
+
+static PyObject *holding(PyObject *self, PyObject *args)
+{
+    PyObject *modules, *objects, *sequence, *result = NULL;
+    uintptr_t *table = NULL;
+    size_t size = 16, mask, slot;
+    Py_ssize_t count, i;
+    if (!PyArg_ParseTuple(args, "O!O:holding", &PyList_Type, &modules, &objects))
+        return NULL;
+    sequence = PySequence_Fast(objects, "holding() needs a sequence of objects");
+    if (sequence == NULL)
+        return NULL;
+    count = PySequence_Fast_GET_SIZE(sequence);
+    while (size < 2 * (size_t)count)
+        size *= 2;
+    mask = size - 1;
+    table = PyMem_Calloc(size, sizeof(uintptr_t));      /* 0: an empty slot (no object is at 0) */
+    if (table == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (i = 0; i < count; i++) {
+        uintptr_t pointer = (uintptr_t)PySequence_Fast_GET_ITEM(sequence, i);
+        for (slot = pointer_slot(pointer, mask); table[slot] != 0 && table[slot] != pointer;
+             slot = (slot + 1) & mask)
+            ;
+        table[slot] = pointer;
+    }
+    result = PyList_New(0);
+    if (result == NULL)
+        goto done;
+    for (i = 0; i < PyList_GET_SIZE(modules); i++) {
+        PyObject *module = PyList_GET_ITEM(modules, i), *key, *value;
+        Py_ssize_t position = 0;
+        int held = 0;
+        if (!PyModule_Check(module))
+            continue;
+        /* PyModule_GetDict: borrowed, never NULL for a module */
+        while (!held && PyDict_Next(PyModule_GetDict(module), &position, &key, &value)) {
+            uintptr_t pointer = (uintptr_t)value;
+            for (slot = pointer_slot(pointer, mask); table[slot] != 0; slot = (slot + 1) & mask) {
+                if (table[slot] == pointer) {
+                    held = 1;
+                    break;
+                }
+            }
+        }
+        if (held && PyList_Append(result, module) < 0) {
+            Py_CLEAR(result);
+            goto done;
+        }
+    }
+done:
+    PyMem_Free(table);
+    Py_DECREF(sequence);
+    return result;
+}
+
+static PyMethodDef speedups_functions[] = {
+    {"holding", holding, METH_VARARGS,
+     "holding(modules, objects): the modules in the list whose namespace holds one of the objects."},
+    {NULL}
+};
+
+/* ------------------------------------------------------------------------------------ */
 
 static struct PyModuleDef speedups_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "cudashim._speedups",
     .m_doc = "The compiled fast path for cudashim's hot wrappers (see cudashim/speedups.py).",
     .m_size = -1,
+    .m_methods = speedups_functions,
 };
 
 /* Whether this build has exactly the types of the table of twins (cudashim/tables/

@@ -524,6 +524,34 @@ def test_the_compiled_module_has_exactly_the_twins_the_table_names():
 
 
 @needs_compiled
+def test_the_search_for_a_displaced_librarys_references_finds_what_python_finds():
+    """``_speedups.holding``, which activation runs over every imported module where a stand-in
+    displaces a library imported before it, names the modules Python's twin names: a module
+    held under another name, a function imported by name, nothing at all."""
+    import types
+
+    from cudashim import _speedups
+    from cudashim.substitutes.finder import _holding
+
+    library = types.ModuleType("library")
+    library.function = lambda: None
+    aliased, imported, neither = (types.ModuleType(name) for name in ("aliased", "imported", "neither"))
+    aliased.lib = library
+    imported.function = library.function
+    neither.function = lambda: None                        # equal in name, not in identity
+    modules = [m for m in list(sys.modules.values()) if isinstance(m, types.ModuleType)]
+    modules += [aliased, imported, neither, "not a module"]
+    for objects in ([library, library.function], [library], (library.function,), [], [sys]):
+        compiled = _speedups.holding(modules, objects)
+        assert compiled == _holding(modules, objects), objects
+    assert _speedups.holding(modules, [library, library.function])[-2:] == [aliased, imported]
+    assert _speedups.holding(modules, [library]) == [aliased]
+    assert sys.modules["os"] in _speedups.holding(modules, [sys])
+    with pytest.raises(TypeError):
+        _speedups.holding(modules, 3)
+
+
+@needs_compiled
 def test_a_build_made_for_another_table_of_twins_does_not_load_and_python_runs(tmp_path):
     """A stale build (a type the table no longer names) refuses to load, saying why; the
     pure-Python wrappers run and the fast-path line says what happened."""

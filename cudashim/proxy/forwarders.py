@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -31,8 +31,10 @@ def device_index(backend, device, optional: bool = True) -> Optional[int]:
     return parsed.index
 
 
-def forwarded_names():
-    """The ``torch.cuda`` names the Backend interface answers."""
+@functools.lru_cache(maxsize=None)
+def forwarded_names() -> Tuple[str, ...]:
+    """The ``torch.cuda`` names the Backend interface answers (the interface is fixed: read
+    once, as the proxy asks for every name it classifies)."""
     return cuda_api_names(Backend)
 
 

@@ -27,8 +27,10 @@ class Implementation:
         self.idx = functools.partial(device_index, self.backend)
 
     @classmethod
+    @functools.lru_cache(maxsize=None)
     def implements(cls) -> Tuple[str, ...]:
-        """This module's names that cudashim implements (its ``__implements__``)."""
+        """This module's names that cudashim implements (its ``__implements__``); a class's
+        body is fixed, so it is read once."""
         own = {name for klass in cls.__mro__[:cls.__mro__.index(Implementation)]
                for name in vars(klass) if not name.startswith("_")}
         return tuple(sorted((own - set(vars(Implementation))) | set(cls.extra_names())))

@@ -113,6 +113,8 @@ class SubstituteFinder(ImportHook):
         self._trying: set = set()              # names being imported for real, in this finder
         self.displaced: Dict[str, types.ModuleType] = {}   # real modules imported before us
         self._lock = threading.RLock()
+        # the search of every imported module for references (``_holding``), compiled or not
+        self._holding = getattr(activation.compiled, "holding", None) or _holding
 
     # --- imports -----------------------------------------------------------------------
     def spec_for(self, fullname):
@@ -150,7 +152,7 @@ class SubstituteFinder(ImportHook):
                 self.displaced.update(displaced)
                 self.decisions[name] = self._serve(library, name, why)
                 stand_in = importlib.import_module(name)
-            for owner, attribute, value in _references_to(displaced, stand_in):
+            for owner, attribute, value in _references_to(displaced, stand_in, self._holding):
                 try:
                     registry.set_attr(owner, attribute, value)
                 except (AttributeError, TypeError) as exc:     # a module that refuses writes
@@ -237,30 +239,39 @@ def _forget(name: str) -> None:
 _REBOUND_KINDS = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, type)
 
 
-def _references_to(displaced: Dict[str, types.ModuleType],
-                   stand_in: types.ModuleType) -> Iterator[Tuple[object, str, object]]:
+def _holding(modules: list, objects) -> list:
+    """The modules in ``modules`` whose namespace holds one of ``objects``, by identity.
+
+    Most of the thousand-odd modules imported hold none: their values are compared in C, by
+    ``id`` (``cudashim._speedups.holding`` is the twin, at a third of the cost)."""
+    wanted = {id(value) for value in objects}
+    return [m for m in modules if isinstance(m, types.ModuleType)
+            and not wanted.isdisjoint(map(id, vars(m).values()))]
+
+
+def _references_to(displaced: Dict[str, types.ModuleType], stand_in: types.ModuleType,
+                   holding=_holding) -> Iterator[Tuple[object, str, object]]:
     """(module, name, the stand-in's object) for every module-level name, in every module
     imported (and in the real modules behind cudashim's proxies), that holds a displaced
-    module or one of its top-level functions or classes that the stand-in also has."""
-    replacement = {}
+    module or one of its top-level functions or classes that the stand-in also has;
+    ``holding`` is ``_holding`` or its compiled twin."""
+    replacement, replaced = {}, []        # id(real object) -> the stand-in's; the real objects
     for real_name, real in displaced.items():
         ours = sys.modules.get(real_name) if real_name != stand_in.__name__ else stand_in
         if ours is not None:
             replacement[id(real)] = ours
+            replaced.append(real)
         if real_name == stand_in.__name__:
             for attribute, value in vars(real).items():
                 if isinstance(value, _REBOUND_KINDS[1:]) and _defined_in(value, displaced) \
                         and hasattr(stand_in, attribute):
                     replacement[id(value)] = getattr(stand_in, attribute)
+                    replaced.append(value)
     holders = [m for m in list(sys.modules.values()) if isinstance(m, types.ModuleType)]
     holders += [vars(m)["_cudashim_real"] for m in holders if "_cudashim_real" in vars(m)]
-    wanted = replacement.keys()
-    for holder in holders:
+    # only a module that holds one of them is read name by name
+    for holder in holding(holders, replaced):
         if holder.__name__.partition(".")[0] == stand_in.__name__ or holder in displaced.values():
-            continue
-        # Most of the thousand-odd modules hold none of them: their values are compared in C,
-        # by identity, and only a module that holds one is read name by name.
-        if wanted.isdisjoint(map(id, vars(holder).values())):
             continue
         for attribute, value in list(vars(holder).items()):
             if id(value) in replacement and isinstance(value, _REBOUND_KINDS) \
