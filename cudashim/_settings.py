@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable, Mapping, Optional, Tuple
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Tuple
 
 from . import backends, patches, substitutes
 from .tables import host_profiles
@@ -153,8 +153,7 @@ def _format_sequence(value) -> Optional[str]:
     return ",".join(value) if value else None
 
 
-@dataclasses.dataclass(frozen=True)
-class Option:
+class Option(NamedTuple):
     name: str                        # keyword argument, Settings field, --option (dashed)
     env: str                         # the environment variable
     default: Any

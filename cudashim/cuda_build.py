@@ -13,14 +13,12 @@ with its own number. This module imports no torch.
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Tuple
+from typing import NamedTuple, Tuple
 
 _SM_LEGACY = ("sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90")
 
 
-@dataclasses.dataclass(frozen=True)
-class CudaBuild:
+class CudaBuild(NamedTuple):
     cuda: str                      # torch.version.cuda
     cudnn: int                     # torch.backends.cudnn.version(): 9.10.2 is 91002
     nccl: Tuple[int, int, int]     # torch.cuda.nccl.version()
@@ -64,4 +62,4 @@ def cuda_build(cuda_version: str) -> CudaBuild:
     """The row for ``cuda_version`` ("12.8", or "12.8.1"), answering to that version."""
     wanted = tuple(int(part) for part in cuda_version.split(".")[:2])
     eligible = [start for start in BUILDS if start <= wanted] or [min(BUILDS)]
-    return dataclasses.replace(BUILDS[max(eligible)], cuda=cuda_version)
+    return BUILDS[max(eligible)]._replace(cuda=cuda_version)

@@ -20,17 +20,15 @@ of the range. This module imports torch only when a name is looked up.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import sys
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 FALLBACK, TURNS_OFF, REQUIRED = "fallback", "turns off", "required"
 _MISSING = object()
 
 
-@dataclasses.dataclass(frozen=True)
-class Name:
+class Name(NamedTuple):
     path: str           # "torch.backends.mkldnn.matmul.fp32_precision": modules, then attributes
     reader: str         # the patch group (or the part) that reads it
     absent: str         # FALLBACK, TURNS_OFF or REQUIRED

@@ -9,10 +9,9 @@ tensors (``cpu:gloo,<device>:<library>``), so gloo's column applies on every tar
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import socket
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..errors import warn_once
 
@@ -21,8 +20,7 @@ log = logging.getLogger(__name__)
 GLOO = "gloo"
 
 
-@dataclasses.dataclass(frozen=True)
-class Becomes:
+class Becomes(NamedTuple):
     """What an NCCL variable becomes for one library: ``variable`` set to ``value(nccl_value)``
     (None: nothing to set), or nothing at all, for the reason ``why``."""
     variable: Optional[str] = None
@@ -30,8 +28,7 @@ class Becomes:
     why: str = ""
 
 
-@dataclasses.dataclass(frozen=True)
-class NcclVariable:
+class NcclVariable(NamedTuple):
     names: Tuple[str, ...]                 # the variable and its older or newer spellings
     meaning: str
     libraries: Dict[str, Tuple[Becomes, ...]]   # library -> what it becomes there

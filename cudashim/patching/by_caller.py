@@ -9,9 +9,8 @@ it is off a compiled switch decides without a Python frame where the fast path i
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, NamedTuple, Optional, Union
 
 import wrapt
 
@@ -21,8 +20,7 @@ from ..callers import asking_module
 Became = Union[str, Callable[[Any], str], None]
 
 
-@dataclasses.dataclass(frozen=True)
-class ByCaller:
+class ByCaller(NamedTuple):
     """``target`` answers by who asks: the honest call the original, everyone else ``ours``."""
     target: str                                  # "module:attribute.path"
     ours: Callable                               # (activation, original) -> what the others call

@@ -8,15 +8,13 @@ counts a refusal.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import UnsupportedCudaAPI, warn_once
 
 
-@dataclasses.dataclass(frozen=True)
-class Refusal:
+class Refusal(NamedTuple):
     api: str                         # the CUDA API, as the program names it
     way_out: str                     # what to call instead
     harmless: bool = False           # doing nothing keeps the program right

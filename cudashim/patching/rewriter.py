@@ -11,13 +11,12 @@ it builds count every translated call in the report, so no patch counts by hand.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import importlib
 import inspect
 import logging
 import operator
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, NamedTuple, Optional, Tuple
 
 import torch
 import wrapt
@@ -28,8 +27,7 @@ NOTHING = object()          # an argument without a value to assume when the cal
 _REAL_DEVICE = torch._C.device
 
 
-@dataclasses.dataclass(frozen=True)
-class Kind:
+class Kind(NamedTuple):
     """What an argument holds, and how to build its translate function for one API."""
     name: str
     # (activation, api) -> translate, or None where this target needs no rewriting
@@ -119,8 +117,7 @@ PROFILER_ACTIVITIES = Kind("profiler activities", _profiler_activities)
 PIN_MEMORY = Kind("pin_memory", _pin_memory)
 
 
-@dataclasses.dataclass(frozen=True)
-class Argument:
+class Argument(NamedTuple):
     kind: Kind
     parameter: str = "device"
     # Index among the positional arguments as the patched callable receives them (``self``
@@ -131,8 +128,7 @@ class Argument:
     missing: Any = NOTHING
 
 
-@dataclasses.dataclass(frozen=True)
-class Rewrite:
+class Rewrite(NamedTuple):
     target: str                                  # "module:attribute.path"
     arguments: Tuple[Argument, ...]
     api: Optional[str] = None                    # the report's name; default the target's

@@ -7,14 +7,12 @@ import after it patches nothing.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import types
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 
-@dataclasses.dataclass(frozen=True)
-class WhenImported:
+class WhenImported(NamedTuple):
     module: str                                          # the module's name
     patch: Callable[[Any, types.ModuleType], None]       # (activation, module)
 

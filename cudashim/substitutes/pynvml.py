@@ -23,7 +23,7 @@ import ctypes
 import dataclasses
 import glob
 import os
-from typing import Dict, List, Optional, Set
+from typing import Dict, List, NamedTuple, Optional, Set
 
 # --- errors: NVML's return codes, and one exception class per code ----------------------------
 NVML_SUCCESS = 0
@@ -157,8 +157,7 @@ class c_nvmlPciInfo_t:
     busId: str
 
 
-@dataclasses.dataclass(frozen=True)
-class _Handle:
+class _Handle(NamedTuple):
     index: int
 
 

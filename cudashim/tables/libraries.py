@@ -15,17 +15,15 @@ imports no torch: the probes import it when they run.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, NamedTuple, Optional, Tuple
 
 # The version suffix every stand-in's metadata carries: a PEP 440 local label, so version
 # checks (">= 2.3.3") pass and the installed "package" still says what it is.
 LOCAL_VERSION = "cudashim"
 
 
-@dataclasses.dataclass(frozen=True)
-class StandIn:
+class StandIn(NamedTuple):
     name: str                        # the --substitute name (the library's import name)
     modules: Tuple[str, ...]         # top-level import names it serves
     distribution: str                # the distribution name its metadata answers to
@@ -40,8 +38,7 @@ class StandIn:
         return f"{self.version}+{LOCAL_VERSION}"
 
 
-@dataclasses.dataclass(frozen=True)
-class Library:
+class Library(NamedTuple):
     name: str                        # the import name
     what: str                        # what it is, as findings and refusals name it
     way_out: Optional[str] = None    # None: importing it is not a finding of its own
