@@ -20,7 +20,6 @@ package against this module.
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import glob
 import os
 from typing import Dict, List, NamedTuple, Optional, Set
@@ -116,15 +115,16 @@ NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE = 80
 
 
 # --- what NVML returns -----------------------------------------------------------------------
-@dataclasses.dataclass
-class c_nvmlMemory_t:
+# Records read by field name, as programs read NVML's structures (named tuples: defining one
+# costs a tenth of a dataclass, and this module is imported at activation wherever torch has
+# imported the real pynvml).
+class c_nvmlMemory_t(NamedTuple):
     total: int
     free: int
     used: int
 
 
-@dataclasses.dataclass
-class c_nvmlMemory_v2_t:
+class c_nvmlMemory_v2_t(NamedTuple):
     version: int
     total: int
     reserved: int
@@ -132,22 +132,19 @@ class c_nvmlMemory_v2_t:
     used: int
 
 
-@dataclasses.dataclass
-class c_nvmlUtilization_t:
+class c_nvmlUtilization_t(NamedTuple):
     gpu: int
     memory: int
 
 
-@dataclasses.dataclass
-class c_nvmlProcessInfo_t:
+class c_nvmlProcessInfo_t(NamedTuple):
     pid: int
     usedGpuMemory: int
     gpuInstanceId: int = 0xFFFFFFFF
     computeInstanceId: int = 0xFFFFFFFF
 
 
-@dataclasses.dataclass
-class c_nvmlPciInfo_t:
+class c_nvmlPciInfo_t(NamedTuple):
     busIdLegacy: str
     domain: int
     bus: int
