@@ -255,28 +255,38 @@ def _references_to(displaced: Dict[str, types.ModuleType], stand_in: types.Modul
     imported (and in the real modules behind cudashim's proxies), that holds a displaced
     module or one of its top-level functions or classes that the stand-in also has;
     ``holding`` is ``_holding`` or its compiled twin."""
-    replacement, replaced = {}, []        # id(real object) -> the stand-in's; the real objects
-    for real_name, real in displaced.items():
-        ours = sys.modules.get(real_name) if real_name != stand_in.__name__ else stand_in
-        if ours is not None:
-            replacement[id(real)] = ours
-            replaced.append(real)
+    # id -> (a displaced module, or a function or class the library's module defines; where the
+    # stand-in's counterpart is found: a module's name, or an attribute of the stand-in)
+    real = {}
+    for real_name, module in displaced.items():
+        real[id(module)] = (module, real_name, None)
         if real_name == stand_in.__name__:
-            for attribute, value in vars(real).items():
-                if isinstance(value, _REBOUND_KINDS[1:]) and _defined_in(value, displaced) \
-                        and hasattr(stand_in, attribute):
-                    replacement[id(value)] = getattr(stand_in, attribute)
-                    replaced.append(value)
+            for attribute, value in vars(module).items():
+                if isinstance(value, _REBOUND_KINDS[1:]) and _defined_in(value, displaced):
+                    real.setdefault(id(value), (value, None, attribute))
+    counterparts = {}        # found only for what some module holds: most of a library is not
+
+    def counterpart(key):
+        if key not in counterparts:
+            _, module_name, attribute = real[key]
+            if attribute is not None:
+                counterparts[key] = getattr(stand_in, attribute, None)
+            else:
+                counterparts[key] = stand_in if module_name == stand_in.__name__ \
+                    else sys.modules.get(module_name)
+        return counterparts[key]
+
     holders = [m for m in list(sys.modules.values()) if isinstance(m, types.ModuleType)]
     holders += [vars(m)["_cudashim_real"] for m in holders if "_cudashim_real" in vars(m)]
     # only a module that holds one of them is read name by name
-    for holder in holding(holders, replaced):
+    for holder in holding(holders, [entry[0] for entry in real.values()]):
         if holder.__name__.partition(".")[0] == stand_in.__name__ or holder in displaced.values():
             continue
         for attribute, value in list(vars(holder).items()):
-            if id(value) in replacement and isinstance(value, _REBOUND_KINDS) \
-                    and replacement[id(value)] is not value:
-                yield holder, attribute, replacement[id(value)]
+            if id(value) in real and isinstance(value, _REBOUND_KINDS):
+                ours = counterpart(id(value))
+                if ours is not None and ours is not value:
+                    yield holder, attribute, ours
 
 
 def _defined_in(value, modules: Dict[str, types.ModuleType]) -> bool:
