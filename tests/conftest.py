@@ -15,6 +15,13 @@ pytest_plugins = ("suite_run",)        # how the suite runs: options, order, bui
 # The cudashim variables a test run hands on to the interpreters it starts (suite_run sets them
 # from --pure-python and --host-profile).
 PASSED_ON = ("CUDASHIM_PURE_PYTHON", "CUDASHIM_HOST_PROFILE")
+# On a machine with a GPU the parent must not start CUDA: a forked test cannot use a CUDA the
+# parent started ("Cannot re-initialize CUDA in forked subprocess"). A skipif's
+# torch.cuda.is_available(), read at collection in the parent, asks NVML instead where torch's
+# PYTORCH_NVML_BASED_CUDA_CHECK is set; the programs the tests start get the variable as it was.
+_NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
+_NVML_CHECK_GIVEN = os.environ.get(_NVML_CHECK)
+os.environ[_NVML_CHECK] = "1"
 
 
 def pytest_sessionstart(session):
@@ -62,7 +69,11 @@ def one_rank_ddp(tmp_path_factory):
 
 
 def _clean_env():
-    return {k: v for k, v in os.environ.items() if not k.startswith("CUDASHIM_") or k in PASSED_ON}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CUDASHIM_") or k in PASSED_ON}
+    env.pop(_NVML_CHECK, None)
+    if _NVML_CHECK_GIVEN is not None:
+        env[_NVML_CHECK] = _NVML_CHECK_GIVEN
+    return env
 
 
 @pytest.fixture(autouse=True)
