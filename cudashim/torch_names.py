@@ -180,6 +180,8 @@ NAMES: Dict[str, Name] = {name.path: name for name in (
         ("torch.ops.aten._scaled_dot_product_efficient_attention", "distributed",
          "context parallelism's ring attention, which runs CUDA's attention ops"),
     )),
+    _n("torch._C._cuda_init", "cuda_module", FALLBACK,
+       "nothing to do: a torch built without CUDA never starts it, so never sets names on torch.cuda"),
     _n("torch._C._is_key_in_tls", "autograd_exit", FALLBACK,
        "nothing to set aside: a torch without it stashes no Python state for its backward threads"),
     _n("torch._C._remove_obj_from_tls", "autograd_exit", FALLBACK,

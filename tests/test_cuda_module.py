@@ -20,6 +20,37 @@ def test_proxy_is_installed_everywhere_torch_cuda_is_reached(shim):
     assert torch.cuda._is_compiled is shim.get_original(torch, "cuda")._is_compiled
 
 
+def test_what_starting_real_cuda_sets_on_torch_cuda_reaches_the_real_module():
+    """On a machine with CUDA and another target, torch's own code may start CUDA, which sets
+    names on sys.modules["torch.cuda"] (the proxy): the real module's functions must find
+    ``_get_device_properties`` in their globals, and the proxy keeps its own answers."""
+    import types
+
+    from cudashim.patches.cuda_module import _starting_cuda_for
+
+    real, proxy = types.ModuleType("torch.cuda"), types.ModuleType("torch.cuda")
+    proxy.default_generators = ("the target's",)
+
+    def start():                        # what torch._C._cuda_init does to sys.modules["torch.cuda"]
+        proxy._get_device_properties = len
+        proxy.default_generators = ("CUDA's",)
+        return "started"
+
+    assert _starting_cuda_for(real, proxy, start)() == "started"
+    assert real._get_device_properties is len and real.default_generators == ("CUDA's",)
+    assert proxy.default_generators == ("the target's",) and "_get_device_properties" not in vars(proxy)
+
+
+@pytest.mark.skipif(not hasattr(torch._C, "_cuda_init"), reason="this torch is built without CUDA")
+def test_starting_real_cuda_goes_through_cudashim_while_active_and_not_after():
+    import cudashim
+    original = torch._C._cuda_init
+    cudashim.activate("cpu")
+    assert torch._C._cuda_init is not original
+    cudashim.deactivate()
+    assert torch._C._cuda_init is original
+
+
 def test_rng_calls_drive_the_cpu_generator(shim):
     torch.cuda.manual_seed(7)
     a = torch.rand(4, device="cuda")
@@ -112,7 +143,10 @@ def test_is_available_tells_torch_the_truth(shim):
         compile("def ask(cuda): return cuda.is_available()", "<torch>", "exec").co_consts[0],
         {"__name__": "torch._dynamo.utils"})
     assert torch.cuda.is_available() is True
-    assert asked_by_torch(torch.cuda) is False
+    # the truth: False here, True on a machine with CUDA, where a target was named
+    assert asked_by_torch(torch.cuda) is vars(torch.cuda)["_cudashim_real"].is_available()
+    if not hasattr(torch._C, "_cuda_getDeviceCount"):
+        assert asked_by_torch(torch.cuda) is False
 
 
 def test_refused_api_names_itself_the_backend_and_the_way_out(shim):
