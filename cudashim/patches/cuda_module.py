@@ -26,7 +26,8 @@ def install(activation):
     activation.registry.set_attr(torch, "cuda", proxies["torch.cuda"])
     start = torch_names.get("torch._C._cuda_init", None)
     if start is not None:
-        activation.registry.set_attr(torch._C, "_cuda_init", _starting_cuda_for(real, proxies["torch.cuda"], start))
+        starting = _starting_cuda_for(real, proxies["torch.cuda"], start)
+        activation.registry.set_attr(torch._C, "_cuda_init", starting)
 
 
 def _starting_cuda_for(real, proxy, start):
