@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+import zygote
+
 ROOT = Path(__file__).resolve().parent.parent
 PARENT_PID = os.getpid()
 pytest_plugins = ("suite_run",)        # how the suite runs: options, order, builds, heartbeat
@@ -29,11 +31,17 @@ def pytest_sessionstart(session):
     fork of it, which then inherits those modules (a process's first activation takes about 135 ms,
     two thirds of it importing; a later one 35 ms). Importing a group's module patches nothing."""
     if hasattr(session.config, "workerinput") or not session.config.pluginmanager.hasplugin("dsession"):
+        if not session.config.getoption("--fresh-interpreters"):
+            zygote.start(_program_env())
         import torch  # noqa: F401
 
         from cudashim import patches
         for name in patches.names():
             patches.group_module(name)
+
+
+def pytest_sessionfinish(session):
+    zygote.stop()
 
 
 def host_profile() -> str:
@@ -94,12 +102,22 @@ def shim():
     cudashim.deactivate()
 
 
-def python(*args, env=None, cwd=None, timeout=300, input=None):
-    """Run a fresh interpreter; return the CompletedProcess (text)."""
+def _program_env(env=None) -> dict:
+    """The environment of a program a test starts: the user's, without cudashim's settings or
+    PYTHONPATH, with ``env`` on top."""
     full_env = _clean_env()
     full_env.pop("PYTHONPATH", None)
     full_env.update(env or {})
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=full_env,
+    return full_env
+
+
+def python(*args, env=None, cwd=None, timeout=300, input=None, fresh=False):
+    """Run ``python ARGS`` as a new interpreter would; return the CompletedProcess (text).
+
+    It is forked from the suite's zygote, which has imported torch (tests/zygote.py), where that
+    is the same; ``fresh=True`` starts an interpreter of its own."""
+    interpreter = sys.executable if fresh else zygote.executable()
+    return subprocess.run([interpreter, *args], capture_output=True, text=True, env=_program_env(env),
                           cwd=cwd or ROOT, timeout=timeout, input=input)
 
 
@@ -140,11 +158,9 @@ def torchrun_two_nodes(*args, env=None, timeout=240):
     """Two torchrun "nodes" of one process each on 127.0.0.1, both under the launcher;
     return [(returncode, stderr)] per node."""
     port = free_port()
-    full_env = _clean_env()
-    full_env.pop("PYTHONPATH", None)
-    full_env.update(env or {})
+    full_env = _program_env(env)
     nodes = [subprocess.Popen(
-        [sys.executable, "-m", "cudashim", "-m", "torch.distributed.run", "--nnodes", "2",
+        [zygote.executable(), "-m", "cudashim", "-m", "torch.distributed.run", "--nnodes", "2",
          "--node-rank", str(node), "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
          "--master-port", str(port), *args],
         cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

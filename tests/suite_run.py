@@ -42,6 +42,9 @@ def pytest_addoption(parser):
     parser.addoption("--host-profile", default=None, metavar="NAME",
                      help="run as on a CPU of this host profile (cudashim --host-profile): "
                           "measured, fast, bfloat16, slow")
+    parser.addoption("--fresh-interpreters", action="store_true",
+                     help="start every program a test runs in an interpreter of its own, not "
+                          "forked from the zygote that has imported torch (tests/zygote.py)")
 
 
 def _is_controller(config) -> bool:

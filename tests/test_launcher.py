@@ -42,14 +42,15 @@ def test_module_and_code(tmp_path):
 def test_traceback_reads_as_under_python(tmp_path):
     script = tmp_path / "boom.py"
     script.write_text("def f():\n    raise ValueError('boom')\nf()\n")
-    shimmed, plain = python("-m", "cudashim", str(script)), python(str(script))
+    shimmed, plain = python("-m", "cudashim", str(script)), python(str(script), fresh=True)
     assert shimmed.returncode == plain.returncode == 1
     assert shimmed.stderr == plain.stderr
 
 
 def test_missing_script_fails_as_python_does(tmp_path):
-    shimmed = python("-m", "cudashim", "missing.py", cwd=tmp_path)
-    plain = python("missing.py", cwd=tmp_path)
+    # Both fresh: python's message names the interpreter, which in a forked program is the zygote's client.
+    shimmed = python("-m", "cudashim", "missing.py", cwd=tmp_path, fresh=True)
+    plain = python("missing.py", cwd=tmp_path, fresh=True)
     assert shimmed.returncode == plain.returncode == 2
     assert shimmed.stderr == plain.stderr
 

@@ -1,0 +1,81 @@
+"""What a test's ``python ...`` runs while the suite's zygote is up (tests/zygote.py): it hands its
+command line, environment, working folder and open files to the zygote, which forks the program
+from an interpreter that has imported torch already, and then stands for that program: it passes
+on the signals it gets and ends as the program ends (its status, or death by its signal).
+
+Where the zygote cannot run the program as a fresh interpreter would (options before the program,
+a variable torch reads while it imports, a folder on PYTHONPATH that shadows a module it imported)
+or is not there, this becomes the real interpreter (exec), so the program runs exactly as typed.
+
+Run as ``python -I -S zygote_client.py SOCKET REAL_PYTHON ARGS...``: standard library only.
+"""
+
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+
+# The signals a program's parent may send it to stop or poke it; each reaches the program.
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+             signal.SIGUSR2, signal.SIGALRM)
+
+
+def main(address: str, real_python: str, args: list) -> None:
+    connection = _connect(address)
+    if connection is None:
+        _become_the_real_interpreter(real_python, args)
+    with connection:
+        files = _open_files(except_fd=connection.fileno())
+        request = json.dumps({"args": args, "env": dict(os.environ), "cwd": os.getcwd(),
+                              "fds": files}).encode()
+        socket.send_fds(connection, [struct.pack("!Q", len(request))], files)
+        connection.sendall(request)
+        replies = connection.makefile("rb")
+        if replies.readline() != b"started\n":       # "fresh", or the zygote went away
+            connection.close()
+            _become_the_real_interpreter(real_python, args)
+        for number in FORWARDED:
+            signal.signal(number, lambda received, _frame: connection.sendall(b"%d\n" % received))
+        how, _, value = replies.readline().decode().partition(" ")
+    if how == "exit":
+        os._exit(int(value))
+    number = int(value) if how == "signal" else signal.SIGKILL    # "": the zygote was killed
+    if number not in (signal.SIGKILL, signal.SIGSTOP):
+        signal.signal(number, signal.SIG_DFL)
+    os.kill(os.getpid(), number)
+    os._exit(128 + number)
+
+
+def _connect(address: str):
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        connection.connect(address)
+    except OSError:                     # not started yet, or gone
+        connection.close()
+        return None
+    return connection
+
+
+def _open_files(except_fd: int) -> list:
+    """The descriptors this process inherited (stdio, and what a parent passed on)."""
+    numbers = []
+    for name in os.listdir("/proc/self/fd"):
+        number = int(name)
+        if number == except_fd:
+            continue
+        try:
+            os.fstat(number)            # the listing's own descriptor is closed by now
+        except OSError:
+            continue
+        numbers.append(number)
+    return sorted(numbers)
+
+
+def _become_the_real_interpreter(real_python: str, args: list) -> None:
+    os.execv(real_python, [real_python, *args])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], sys.argv[3:])
