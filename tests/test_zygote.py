@@ -41,15 +41,10 @@ print(json.dumps({
 
 def _zygote_up():
     """The worker's zygote, waited for until it serves (it imports torch first)."""
-    import time
     running = zygote._running
     if running is None:
         pytest.skip("the suite runs with --fresh-interpreters")
-    deadline = time.monotonic() + 120
-    while not running.address.exists():
-        assert running.process.poll() is None, "the zygote ended before it served"
-        assert time.monotonic() < deadline, "the zygote did not serve within 120 s"
-        time.sleep(0.2)
+    assert running.serving(timeout=120), "the zygote ended, or did not serve within 120 s"
     return running
 
 

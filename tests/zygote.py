@@ -81,6 +81,21 @@ class Zygote:
         client.chmod(0o755)
         return client
 
+    def serving(self, timeout: float) -> bool:
+        """Wait until it serves; False if it ended first or did not serve in time. (Its Popen
+        cannot tell from a forked test whether it ended: it is the worker's child, not the test's.)"""
+        import time
+        deadline = time.monotonic() + timeout
+        while not self.address.exists():
+            try:
+                state = Path(f"/proc/{self.process.pid}/stat").read_text().rpartition(")")[2].split()[0]
+            except OSError:
+                return False
+            if state in ("Z", "X") or time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+        return True
+
     def stop(self) -> None:
         self.process.kill()
         self.process.wait()
@@ -335,7 +350,7 @@ def become(request: dict, fds: dict, connection: socket.socket, client: str):
         signal.signal(number, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     options, args = _options(request["args"])
-    _new_standard_streams(unbuffered="-u" in options)
+    _new_standard_streams(unbuffered="-u" in options or bool(os.environ.get("PYTHONUNBUFFERED")))
     sys.dont_write_bytecode = sys.dont_write_bytecode or "-B" in options
     sys.executable = client
     sys.orig_argv = [client, *request["args"]]
@@ -410,6 +425,9 @@ def _take_files(fds: dict) -> None:
 
 
 def _new_standard_streams(unbuffered: bool) -> None:
+    """sys.stdin, stdout and stderr on the descriptors the program got, made as Python makes
+    them at start-up: stderr and a terminal line-buffered; with -u (or PYTHONUNBUFFERED) the
+    writing ones unbuffered and every one written through."""
     import io
     streams = []
     for fd, old in ((0, sys.__stdin__), (1, sys.__stdout__), (2, sys.__stderr__)):
@@ -418,11 +436,12 @@ def _new_standard_streams(unbuffered: bool) -> None:
         except OSError:
             streams.append(None)
             continue
-        writes_through = fd != 0 and unbuffered
-        raw = io.open(fd, "rb" if fd == 0 else "wb", buffering=0 if writes_through else -1, closefd=False)
+        writing = fd != 0
+        raw = io.open(fd, "wb" if writing else "rb", buffering=0 if unbuffered and writing else -1,
+                      closefd=False)
         streams.append(io.TextIOWrapper(raw, encoding=old.encoding, errors=old.errors, newline="\n",
-                                        line_buffering=old.line_buffering or (fd == 1 and os.isatty(fd)),
-                                        write_through=old.write_through or writes_through))
+                                        line_buffering=not unbuffered and (fd == 2 or os.isatty(fd)),
+                                        write_through=unbuffered))
     sys.stdin, sys.stdout, sys.stderr = streams
     sys.__stdin__, sys.__stdout__, sys.__stderr__ = streams
 
