@@ -115,9 +115,11 @@ def test_descriptors_a_parent_passes_on_reach_the_program(layout):
 
 
 def test_a_signal_to_the_stand_in_reaches_the_program(layout):
-    program = ("import signal, sys, time\n"
-               "signal.signal(signal.SIGTERM, lambda *_: (print('got it', flush=True), sys.exit(7)))\n"
-               "print('ready', flush=True)\n"
+    # The program writes with os.write: a handler that prints could run inside the print of
+    # "ready" (the test reads it before print returns), where print cannot be entered again.
+    program = ("import os, signal, sys, time\n"
+               "signal.signal(signal.SIGTERM, lambda *_: (os.write(1, b'got it\\n'), sys.exit(7)))\n"
+               "os.write(1, b'ready\\n')\n"
                "time.sleep(60)\n")
     child = subprocess.Popen([str(_zygote_up().executable), "-c", program], cwd=layout,
                              stdout=subprocess.PIPE, text=True)

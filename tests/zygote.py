@@ -152,6 +152,7 @@ def serve(address: str):
             connection.settimeout(None)
             return _keep(connection)
         connection.close()
+    shutil.rmtree(os.path.dirname(address), ignore_errors=True)   # its worker was killed
     return None
 
 

@@ -26,6 +26,8 @@ def main(address: str, real_python: str, args: list) -> None:
     connection = _connect(address)
     if connection is None:
         _become_the_real_interpreter(real_python, args)
+    # From here a signal is the program's: held until the keeper says it runs, then passed on.
+    forwarding = _Forwarding(connection)
     with connection:
         files = _open_files(except_fd=connection.fileno())
         request = json.dumps({"args": args, "env": dict(os.environ), "cwd": os.getcwd(),
@@ -35,13 +37,47 @@ def main(address: str, real_python: str, args: list) -> None:
         replies = connection.makefile("rb")
         if replies.readline() != b"started\n":       # "fresh", or the zygote went away
             connection.close()
+            forwarding.stop()
             _become_the_real_interpreter(real_python, args)
-        for number in FORWARDED:
-            signal.signal(number, lambda received, _frame: connection.sendall(b"%d\n" % received))
+        forwarding.start()
         how, _, value = replies.readline().decode().partition(" ")
     if how == "exit":
         os._exit(int(value))
     number = int(value) if how == "signal" else signal.SIGKILL    # "": the zygote was killed
+    _die_by(number)
+
+
+class _Forwarding:
+    """The signals this process gets, passed on to the program over the connection; those that
+    come before the program runs are held until it does."""
+
+    def __init__(self, connection):
+        self.connection = connection
+        self.held = []
+        self.running = False
+        for number in FORWARDED:
+            signal.signal(number, self._received)
+
+    def _received(self, number, _frame):
+        if self.running:
+            self.connection.sendall(b"%d\n" % number)
+        else:
+            self.held.append(number)
+
+    def start(self):
+        self.running = True
+        for number in self.held:
+            self.connection.sendall(b"%d\n" % number)
+
+    def stop(self):
+        """No program here after all: a signal held is this process's, as it would have been."""
+        for number in FORWARDED:
+            signal.signal(number, signal.SIG_DFL)
+        if self.held:
+            _die_by(self.held[0])
+
+
+def _die_by(number: int) -> None:
     if number not in (signal.SIGKILL, signal.SIGSTOP):
         signal.signal(number, signal.SIG_DFL)
     os.kill(os.getpid(), number)
