@@ -222,7 +222,10 @@ def _report_end(connection, program: int) -> int:
     while True:
         for key, _ in events.select():
             if key.fileobj is connection:
-                data = connection.recv(256)
+                try:
+                    data = connection.recv(256)
+                except ConnectionResetError:          # it died before reading "started"
+                    data = b""
                 if not data:                          # killed: its program goes with it
                     _kill_session(program)
                     events.unregister(connection)
