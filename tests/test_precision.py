@@ -286,6 +286,40 @@ def test_a_float16_product_written_into_a_tensor_is_computed_wide_and_lands_ther
     assert torch.equal(batches, (m3[:, :, :16].float() + m3.float() @ ones.float()).half())
 
 
+def test_float16_and_bfloat16_convert_to_each_other_as_torch_converts_them():
+    """The policy converts between the two reduced types by way of float32 (torch converts
+    directly element by element, several times slower): every one of the 65536 values of
+    each type lands where torch's own conversion puts it, and a NaN stays a NaN."""
+    from cudashim.patches.precision import converted
+    every = torch.arange(-2 ** 15, 2 ** 15, dtype=torch.int32).to(torch.int16)
+    for source, target in ((HALF, BF16), (BF16, HALF)):
+        values = every.view(source)
+        ours, torchs = converted(values, target), values.to(target)
+        assert ours.dtype == target
+        nan = torchs.isnan()
+        assert torch.equal(ours.isnan(), nan), (source, target)
+        assert torch.equal(ours[~nan].view(torch.int16), torchs[~nan].view(torch.int16)), (source, target)
+    values = every.view(HALF)
+    assert converted(values, HALF) is values                          # nothing to convert
+
+
+def test_a_float16_product_in_bfloat16_written_into_a_tensor_is_rounded_there_once(speeds):
+    """Where the policy's choice is bfloat16, ``out=`` and the in-place methods hold the
+    bfloat16 product rounded to float16 once, as computed by hand."""
+    from cudashim.precision import BFLOAT16, MatmulChoices
+    x, w, m3 = _half_inputs()
+    speeds(FAST_BF16, matmuls=MatmulChoices(BFLOAT16, BFLOAT16, 4, "test"), report=True)
+    expected = (x.bfloat16() @ w.bfloat16().t()).float().half()
+    out = torch.empty(32, 48, dtype=HALF)
+    assert torch.mm(x, w.t(), out=out) is out and torch.equal(out, expected)
+    assert torch.equal(torch.mm(x, w.t()), expected)
+    accumulated = x[:, :48].clone()
+    assert accumulated.addmm_(x, w.t(), beta=0.5) is accumulated
+    reference = x[:, :48].bfloat16().addmm_(x.bfloat16(), w.bfloat16().t(), beta=0.5).float().half()
+    assert accumulated.dtype == HALF and torch.equal(accumulated, reference)
+    assert _counted("Tensor.addmm_") == "float16 computed in bfloat16"
+
+
 def test_distances_are_computed_in_float32_where_products_run_in_bfloat16(speeds):
     """cdist's terms cancel: near points' distances keep their digits only in float32."""
     from cudashim.precision import BFLOAT16, MatmulChoices
