@@ -320,6 +320,126 @@ def test_a_float16_product_in_bfloat16_written_into_a_tensor_is_rounded_there_on
     assert _counted("Tensor.addmm_") == "float16 computed in bfloat16"
 
 
+def _bfloat16_products(speeds):
+    from cudashim.precision import BFLOAT16, MatmulChoices
+    speeds(FAST_BF16, matmuls=MatmulChoices(BFLOAT16, BFLOAT16, 4, "test"), report=True)
+
+
+def _by_hand_in_bfloat16(call, *tensors):
+    return call(*(t.float().bfloat16() for t in tensors)).float().half()
+
+
+def test_inference_in_bfloat16_reuses_its_conversion_buffers_without_touching_earlier_results(speeds):
+    """Under no_grad the operands are converted into kept buffers and the result rounded where
+    it lies: each result is its own float16 tensor, and stays what it was while later calls
+    of the same sizes reuse the buffers."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(8, 16, 3, padding=1, bias=False).half().eval()
+    batches = [torch.randn(4, 8, 16, 16).half() for _ in range(4)]
+    expected = [_by_hand_in_bfloat16(lambda x, w: F.conv2d(x, w, padding=1), x, conv.weight) for x in batches]
+    channels_last = batches[0].contiguous(memory_format=torch.channels_last)
+    _bfloat16_products(speeds)
+    with torch.no_grad():
+        results = [conv(x) for x in batches]
+        after_channels_last = conv(channels_last)
+    for result, reference in zip(results, expected):
+        assert result.dtype == HALF and result._base is None and torch.equal(result, reference)
+    assert len({r.untyped_storage().data_ptr() for r in results}) == len(results)
+    assert torch.equal(after_channels_last, expected[0])
+    assert _counted("torch.nn.functional.conv2d") == "float16 computed in bfloat16"
+    from cudashim.patches.precision import _SCRATCH
+    assert 0 < _SCRATCH.held <= _SCRATCH.budget                     # kept for the next call
+
+
+def test_a_result_that_is_a_view_of_a_converted_operand_leaves_the_operand_alone(speeds):
+    """A trivial einsum returns a view of its converted operand: rounding it to float16 never
+    writes into that operand, neither a buffer a later call reuses nor a frozen weight's kept
+    bfloat16 copy, which the next call reads."""
+    torch.manual_seed(1)
+    first, second = torch.randn(32, 24).half(), torch.randn(32, 24).half()
+    weight = torch.nn.Parameter(torch.randn(24, 24).half(), requires_grad=False)
+    _bfloat16_products(speeds)
+    with torch.no_grad():
+        kept, transposed = torch.einsum("ij->ij", first), torch.einsum("ij->ji", first)
+        torch.einsum("ij->ij", second)
+        torch.mm(second, second.t())
+        weight_itself = torch.einsum("ij->ij", weight)
+        product = torch.einsum("ij,jk->ik", first, weight)
+    assert torch.equal(kept, first.float().bfloat16().half()) and torch.equal(transposed, kept.t())
+    assert torch.equal(weight_itself, weight.float().bfloat16().half())
+    assert torch.equal(product, _by_hand_in_bfloat16(lambda x, w: torch.einsum("ij,jk->ik", x, w), first, weight))
+
+
+def test_training_in_bfloat16_never_lends_an_operand_autograd_saved(speeds):
+    """With gradients recorded a convolution saves its input for the weight's gradient: a
+    second forward of the same sizes before the first's backward leaves that input alone."""
+    torch.manual_seed(2)
+    conv = torch.nn.Conv2d(4, 8, 3, padding=1, bias=False).half()
+    first, second = torch.randn(2, 4, 8, 8).half(), torch.randn(2, 4, 8, 8).half()
+    reference = conv.weight.detach().float().bfloat16().requires_grad_()
+    F.conv2d(first.float().bfloat16(), reference, padding=1).float().sum().backward()
+    _bfloat16_products(speeds)
+    loss = conv(first).float().sum()
+    conv(second)
+    loss.backward()
+    assert torch.equal(conv.weight.grad, reference.grad.float().half())
+
+
+def test_replicas_in_threads_convert_into_buffers_of_their_own(speeds):
+    """DataParallel runs its replicas' forwards in threads: each thread's conversions are its
+    own, so concurrent calls of the same sizes give each its own result."""
+    import threading
+    torch.manual_seed(3)
+    weight = torch.randn(64, 64).half()
+    batches = [torch.randn(256, 64).half() for _ in range(4)]
+    expected = [_by_hand_in_bfloat16(torch.mm, x, weight) for x in batches]
+    _bfloat16_products(speeds)
+    results, start = {}, threading.Barrier(len(batches))
+
+    def replica(index):
+        start.wait()
+        with torch.no_grad():
+            for _ in range(20):
+                results[index] = torch.mm(batches[index], weight)
+    threads = [threading.Thread(target=replica, args=(i,)) for i in range(len(batches))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(torch.equal(results[i], expected[i]) for i in range(len(batches)))
+
+
+def test_a_thread_neither_sees_nor_gives_back_what_another_borrowed():
+    import threading
+    from cudashim.patches.precision import ConversionScratch
+    scratch = ConversionScratch()
+    x = torch.randn(64).half()
+    mine = scratch.converted(x, torch.float32)
+    seen = {}
+
+    def other_thread():
+        seen["lent before"] = scratch.lending()
+        scratch.converted(x, torch.float32)
+        scratch.given_back(0, None)
+        seen["held after"] = scratch.held
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    thread.join()
+    assert seen == {"lent before": 0, "held after": 64 * 4}
+    assert scratch.lending() == 1 and scratch.held == 0 and torch.equal(mine, x.float())
+
+
+def test_kept_conversion_buffers_stay_within_their_budget():
+    from cudashim.patches.precision import ConversionScratch
+    scratch = ConversionScratch()
+    scratch.budget = 3000
+    for size in (1000, 1000, 800, 2000):
+        scratch._keep(torch.empty(size, dtype=torch.uint8).untyped_storage())
+    assert scratch.held == 2800 and sorted(scratch.free) == [800, 2000]   # the 1000s went first
+    scratch._keep(torch.empty(4000, dtype=torch.uint8).untyped_storage())
+    assert scratch.held == 0 and not scratch.free                          # too large to keep
+
+
 def test_distances_are_computed_in_float32_where_products_run_in_bfloat16(speeds):
     """cdist's terms cancel: near points' distances keep their digits only in float32."""
     from cudashim.precision import BFLOAT16, MatmulChoices

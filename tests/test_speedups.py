@@ -312,6 +312,62 @@ def test_compiled_bit_kernels_match_the_portable_ones(n, bitorder, variant):
     assert torch.equal(native.unpack_signs(packed, n), bits.unpack_signs(packed, n))
 
 
+def _every_value(dtype):
+    """The 65536 values of a 16-bit floating-point type, NaNs and infinities among them."""
+    return torch.arange(-2 ** 15, 2 ** 15, dtype=torch.int32).to(torch.int16).view(dtype)
+
+
+def _same_values(ours, torchs):
+    """Equal bit for bit, but for which NaN: torch's own kernels quiet a NaN differently."""
+    nan = torchs.isnan()
+    return ours.dtype == torchs.dtype and ours.shape == torchs.shape and torch.equal(ours.isnan(), nan) \
+        and torch.equal(ours[~nan].view(torch.int16), torchs[~nan].view(torch.int16))
+
+
+@needs_compiled
+@pytest.mark.parametrize("source, target", [(torch.float16, torch.bfloat16), (torch.bfloat16, torch.float16)])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_compiled_conversions_between_float16_and_bfloat16_give_torchs_values(source, target, threads,
+                                                                               variant, monkeypatch):
+    """Every value of the type, in a tensor split over threads, and lengths that end in every
+    vector loop's tail: the values torch's ``.to`` gives."""
+    if not native._native.convert_reduced(0, 0, 0, True, 1):     # no F16C, or SSE2 alone
+        assert native.reduced_converted(_every_value(source), target) is None
+        return
+    monkeypatch.setattr(native, "_threads", lambda: threads)
+    monkeypatch.setattr(native, "_CONVERSION_ELEMENTS_PER_THREAD", 1 << 10)
+    every = _every_value(source)
+    many = every.repeat(9)                         # long enough to be split (2^18 a part at least)
+    assert _same_values(native.reduced_converted(many, target), many.to(target))
+    for n in (0, 1, 7, 15, 17, 1001):
+        part = every[3 * n:4 * n + 1].clone()
+        assert _same_values(native.reduced_converted(part, target), part.to(target)), n
+    channels_last = every[:2 * 3 * 8 * 8].reshape(2, 3, 8, 8).contiguous(memory_format=torch.channels_last)
+    ours = native.reduced_converted(channels_last, target)
+    assert ours.is_contiguous(memory_format=torch.channels_last)
+    assert _same_values(ours, channels_last.to(target))
+
+
+@needs_compiled
+def test_the_compiled_conversion_leaves_to_torch_what_it_cannot_convert_as_torch_does():
+    """A tensor autograd records (the copy must be on its graph), a strided view, another
+    dtype, and a subclass are torch's to convert."""
+    weights = torch.randn(64).half().requires_grad_()
+    assert native.reduced_converted(weights, torch.bfloat16) is None
+    with torch.no_grad():
+        plain = native.reduced_converted(weights, torch.bfloat16)
+    if plain is not None:                                  # where the CPU has F16C
+        assert not plain.requires_grad and torch.equal(plain, weights.detach().to(torch.bfloat16))
+    halves = torch.randn(8, 8).half()
+    assert native.reduced_converted(halves[:, ::2], torch.bfloat16) is None
+    assert native.reduced_converted(halves, torch.float32) is None
+    assert native.reduced_converted(halves.float(), torch.bfloat16) is None
+
+    class Marked(torch.Tensor):
+        pass
+    assert native.reduced_converted(halves.as_subclass(Marked), torch.bfloat16) is None
+
+
 def _compression_steps(buffer, world):
     """One rank's compression steps from zero errors, as compressed_allreduce runs them
     (the server side is fed this rank's own signs, world times, with made-up scales)."""

@@ -1,4 +1,5 @@
-/* Host-memory fast paths for cudashim.kernels: bit packing and the 1-bit compression steps.
+/* Host-memory fast paths for cudashim.kernels: bit packing, the 1-bit compression steps, and
+ * conversions between float16 and bfloat16 (for the precision policy).
  *
  * The functions take raw addresses and sizes from the Python side (native.py), which hands
  * over only contiguous CPU tensors of the right dtype and length, and the number of threads
@@ -416,6 +417,194 @@ static PyObject *expand_signs_f32(PyObject *module, PyObject *const *args, Py_ss
     Py_RETURN_NONE;
 }
 
+/* ---- float16 <-> bfloat16 ------------------------------------------------------------- */
+
+/* Torch's CPU kernels convert between the two reduced types one element at a time and to or
+ * from float32 with vector instructions; these convert in one pass, by way of float32 in
+ * registers, with F16C's conversions (which round to nearest even, subnormals included, as
+ * torch's float32 -> float16 does) and bfloat16's rounding in integers (to nearest even, as
+ * torch's float32 -> bfloat16 does; a NaN stays a NaN). Only where the CPU has F16C: elsewhere
+ * the entry points say so and native.py leaves the conversion to torch. */
+
+typedef struct {
+    const uint16_t *src;
+    uint16_t *dst;
+} Halves;
+
+#if defined(__x86_64__) || defined(_M_X64)
+
+#define BFLOAT16_NAN 0x7FC0u
+
+/* The bfloat16 bits of a float32's, rounded to nearest even. */
+static inline uint16_t bfloat16_bits(uint32_t f)
+{
+    if ((f & 0x7FFFFFFFu) > 0x7F800000u)
+        return (uint16_t)(BFLOAT16_NAN | (f >> 16 & 0x8000u));
+    return (uint16_t)((f + 0x7FFFu + (f >> 16 & 1u)) >> 16);
+}
+
+TARGET_PUSH("avx512f,avx512bw,avx2,avx,f16c")
+
+static inline __m512i rounded_to_bfloat16_512(__m512 f)
+{
+    const __m512i u = _mm512_castps_si512(f);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+    const __mmask16 nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
+    const __m512i quiet = _mm512_or_si512(_mm512_set1_epi32(BFLOAT16_NAN),
+                                          _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x8000)));
+    return _mm512_mask_mov_epi32(rounded, nan, quiet);
+}
+
+static void half_to_bfloat16_avx512(void *context, size_t start, size_t stop, size_t part)
+{
+    const Halves *h = (const Halves *)context;
+    size_t i = start;
+    for (; i + 16 <= stop; i += 16) {
+        const __m512 f = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h->src + i)));
+        _mm256_storeu_si256((__m256i *)(h->dst + i), _mm512_cvtepi32_epi16(rounded_to_bfloat16_512(f)));
+    }
+    for (; i < stop; i++) {
+        const float f = _cvtsh_ss(h->src[i]);
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        h->dst[i] = bfloat16_bits(u);
+    }
+}
+
+static void bfloat16_to_half_avx512(void *context, size_t start, size_t stop, size_t part)
+{
+    const Halves *h = (const Halves *)context;
+    size_t i = start;
+    for (; i + 16 <= stop; i += 16) {
+        const __m512i u = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(h->src + i))), 16);
+        _mm256_storeu_si256((__m256i *)(h->dst + i),
+                            _mm512_cvtps_ph(_mm512_castsi512_ps(u), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+    for (; i < stop; i++) {
+        const uint32_t u = (uint32_t)h->src[i] << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        h->dst[i] = _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    }
+}
+
+TARGET_POP()
+
+/* Where the CPU has AVX512-BF16: one instruction rounds 32 float32 values to bfloat16 (to
+ * nearest even; a NaN stays a NaN). It reads a subnormal float32 as zero, which no float16
+ * value is in float32. */
+TARGET_PUSH("avx512f,avx512bw,avx512bf16,avx2,avx,f16c")
+
+static void half_to_bfloat16_avx512bf16(void *context, size_t start, size_t stop, size_t part)
+{
+    const Halves *h = (const Halves *)context;
+    size_t i = start;
+    for (; i + 32 <= stop; i += 32) {
+        const __m512 low = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h->src + i)));
+        const __m512 high = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h->src + i + 16)));
+        _mm512_storeu_si512((void *)(h->dst + i), (__m512i)_mm512_cvtne2ps_pbh(high, low));
+    }
+    half_to_bfloat16_avx512(context, i, stop, part);
+}
+
+TARGET_POP()
+
+TARGET_PUSH("avx2,avx,f16c")
+
+static void half_to_bfloat16_avx2(void *context, size_t start, size_t stop, size_t part)
+{
+    const Halves *h = (const Halves *)context;
+    const __m256i one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7FFF);
+    const __m256i nan_bits = _mm256_set1_epi32(BFLOAT16_NAN), sign = _mm256_set1_epi32(0x8000);
+    size_t i = start;
+    for (; i + 8 <= stop; i += 8) {
+        const __m256 f = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h->src + i)));
+        const __m256i u = _mm256_castps_si256(f), high = _mm256_srli_epi32(u, 16);
+        const __m256i rounded = _mm256_srli_epi32(
+            _mm256_add_epi32(u, _mm256_add_epi32(_mm256_and_si256(high, one), bias)), 16);
+        const __m256i quiet = _mm256_or_si256(nan_bits, _mm256_and_si256(high, sign));
+        const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q));
+        const __m256i bits = _mm256_blendv_epi8(rounded, quiet, nan);
+        /* eight 32-bit lanes (each below 2^16) to eight 16-bit ones, in order */
+        const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(bits, bits), 0x08);
+        _mm_storeu_si128((__m128i *)(h->dst + i), _mm256_castsi256_si128(packed));
+    }
+    for (; i < stop; i++) {
+        const float f = _cvtsh_ss(h->src[i]);
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        h->dst[i] = bfloat16_bits(u);
+    }
+}
+
+static void bfloat16_to_half_avx2(void *context, size_t start, size_t stop, size_t part)
+{
+    const Halves *h = (const Halves *)context;
+    size_t i = start;
+    for (; i + 8 <= stop; i += 8) {
+        const __m256i u = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(h->src + i))), 16);
+        _mm_storeu_si128((__m128i *)(h->dst + i),
+                         _mm256_cvtps_ph(_mm256_castsi256_ps(u), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+    for (; i < stop; i++) {
+        const uint32_t u = (uint32_t)h->src[i] << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        h->dst[i] = _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    }
+}
+
+TARGET_POP()
+
+/* The conversion loops for this CPU, by the variant in use (the widest one that agreed with
+ * the portable kernels): NULL where it lacks F16C. */
+static void reduced_conversions(PartBody *to_bfloat16, PartBody *to_half)
+{
+    *to_bfloat16 = *to_half = NULL;
+    if (!__builtin_cpu_supports("f16c"))
+        return;
+    if (strcmp(current->name, "avx512") == 0) {
+        *to_bfloat16 = __builtin_cpu_supports("avx512bf16") ? half_to_bfloat16_avx512bf16
+                                                            : half_to_bfloat16_avx512;
+        *to_half = bfloat16_to_half_avx512;
+    } else if (strcmp(current->name, "avx2") == 0) {
+        *to_bfloat16 = half_to_bfloat16_avx2;
+        *to_half = bfloat16_to_half_avx2;
+    }
+}
+
+#else
+
+static void reduced_conversions(PartBody *to_bfloat16, PartBody *to_half)
+{
+    *to_bfloat16 = *to_half = NULL;
+}
+
+#endif
+
+/* convert_reduced(src, dst, n, to_bfloat16, threads) -> whether it converted: n float16
+ * values to bfloat16 (to_bfloat16 true) or n bfloat16 values to float16. False, with
+ * nothing written, where this CPU has no conversion loop. */
+static PyObject *convert_reduced(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    uintptr_t a[5];
+    Halves h;
+    PartBody to_bfloat16, to_half, body;
+    if (!parse_addresses(args, nargs, 5, "convert_reduced", a))
+        return NULL;
+    reduced_conversions(&to_bfloat16, &to_half);
+    body = a[3] ? to_bfloat16 : to_half;
+    if (body == NULL)
+        Py_RETURN_FALSE;
+    h.src = (const uint16_t *)a[0];
+    h.dst = (uint16_t *)a[1];
+    Py_BEGIN_ALLOW_THREADS
+    parallel_for((size_t)a[2], 64, (size_t)a[4], body, &h);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_TRUE;
+}
+
 /* ---- choosing the variant ---------------------------------------------------------------- */
 
 /* variants() -> ((name, needs, runs here), ...), widest first. */
@@ -497,6 +686,8 @@ static PyMethodDef native_methods[] = {
              "compress_server_f32(signs, rows, scales, error, n, packed, threads) -> scale: the server side"),
     FASTCALL(expand_signs_f32,
              "expand_signs_f32(packed, columns, scales, out, count, threads): packed signs times row scales"),
+    FASTCALL(convert_reduced,
+             "convert_reduced(src, dst, n, to_bfloat16, threads) -> converted: float16 <-> bfloat16, where the CPU has F16C"),
     FASTCALL(advise_huge, "advise_huge(address, nbytes): transparent huge pages for a fresh buffer"),
     {"variants", list_variants, METH_NOARGS, "variants() -> ((name, CPU features, runs here), ...), widest first"},
     {"variant", variant, METH_NOARGS, "variant() -> the name of the variant in use"},

@@ -36,12 +36,14 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import weakref
 
 import torch
 import torch.nn.functional as F
 
 from .. import torch_names
+from ..kernels import native
 from ..kernels.out_tensors import written_to
 from ..patching.rewriter import compiled_twin
 from ..patching.watched import WatchedAttributes
@@ -53,16 +55,18 @@ _REDUCED = (torch.float16, torch.bfloat16)
 
 
 def converted(tensor, dtype):
-    """``tensor`` in ``dtype``; between float16 and bfloat16 by way of float32. The values are
-    the same either way (float16 and bfloat16 are exact in float32, and both conversions round
-    once, to nearest even), but torch's CPU kernels convert to and from float32 with vector
-    instructions and between the two reduced types element by element: 2^21 elements took
-    0.69 ms float16 to bfloat16 directly and 0.15 ms through float32 on an AVX-512 EPYC. The
-    policy computes float16 in bfloat16 only on targets that compute float16 slowly, that is on
-    CPU kernels."""
+    """``tensor`` in ``dtype``. Between float16 and bfloat16, the policy's conversion on every
+    call computed in bfloat16, not as torch converts: torch's CPU kernels go element by element
+    there (2^21 elements: 0.69 ms on an AVX-512 EPYC), though they convert to and from float32
+    with vector instructions (0.15 ms by way of float32). The compiled kernels convert in one
+    pass where the CPU has F16C (``kernels.native.reduced_converted``); elsewhere, and for what
+    they leave to torch, by way of float32. The values are torch's either way: both types are
+    exact in float32, and each conversion rounds once, to nearest even."""
     if tensor.dtype in _REDUCED and dtype in _REDUCED and tensor.dtype is not dtype:
-        return tensor.float().to(dtype)
+        fast = native.reduced_converted(tensor, dtype) if native.usable() else None
+        return fast if fast is not None else tensor.float().to(dtype)
     return tensor.to(dtype)
+
 
 # The Tensor methods that write their product into the tensor they are called on.
 _IN_PLACE = ("addmm_", "baddbmm_", "addbmm_")
@@ -119,6 +123,7 @@ def install(activation):
         policy.float16_ops
         cache = WideningCache()
         activation.registry.add_undo("float16 weights kept in float32", cache.clear)
+        activation.registry.add_undo("float16 conversion buffers", _SCRATCH.clear)
         # An optimizer may write parameters in ways no version counter sees (master weights
         # copied back into float16 ones through ``.data``, fused kernels writing in place):
         # every step drops every copy, and so does every read of a parameter's ``.data``.
@@ -211,11 +216,11 @@ class WideningCache:
         self.budget = _quarter_of_memory() if budget_bytes is None else budget_bytes
         self.held = 0
 
-    def widen(self, tensor, dtype=torch.float32):
+    def widen(self, tensor, dtype=torch.float32, scratch=None):
         if not isinstance(tensor, torch.nn.Parameter) \
                 or (tensor.requires_grad and torch.is_grad_enabled()) \
                 or not _owns_its_storage(tensor):
-            return converted(tensor, dtype)
+            return scratch.converted(tensor, dtype) if scratch is not None else converted(tensor, dtype)
         key = (id(tensor), dtype)
         kept = self.copies.get(key)
         storage = tensor.untyped_storage()            # one Python object while it lives
@@ -329,8 +334,7 @@ def by_policy(api, first, device_type, cache, count, regions, policy, rows_of, c
         if out is not None:
             return _written_to_out(original, dtype, cache, args, kwargs, count, reported, choice)
         count(reported, f"float16 computed in {choice}")
-        return _to_half(original(*[_wide(value, cache, dtype) for value in args],
-                                 **{name: _wide(value, cache, dtype) for name, value in kwargs.items()}))
+        return _computed_and_rounded(original, dtype, cache, args, kwargs)
 
     @functools.wraps(original)
     def computed_by_policy(*args, **kwargs):
@@ -398,8 +402,7 @@ def by_measurement(api, device_type, cache, count, compiled, original):
             return _written_to_out(original, torch.float32, cache, args, kwargs, count, api,
                                    "float32 (measured faster here)")
         count(api, "float16 computed in float32 (measured faster here)")
-        return _to_half(original(*[_wide(value, cache) for value in args],
-                                 **{name: _wide(value, cache) for name, value in kwargs.items()}))
+        return _computed_and_rounded(original, torch.float32, cache, args, kwargs)
 
     @functools.wraps(original)
     def computed_by_measurement(*args, **kwargs):
@@ -422,12 +425,122 @@ def _floating(values):
             yield from _floating(value)
 
 
-def _to_half(result):
+def _computed_and_rounded(original, dtype, cache, args, kwargs):
+    """``original`` computed on its float16 operands in ``dtype``, its result rounded to float16
+    once. Where no gradient is recorded the operands are converted into this thread's scratch
+    buffers, and a bfloat16 result is rounded where it lies: the call allocates no more than
+    torch's own would."""
+    scratch = _SCRATCH if not torch.is_grad_enabled() else None
+    lent = scratch.lending() if scratch is not None else 0
+    result = ()
+    try:
+        args = [_wide(value, cache, dtype, scratch) for value in args]
+        kwargs = {name: _wide(value, cache, dtype, scratch) for name, value in kwargs.items()}
+        result = original(*args, **kwargs)
+    finally:
+        if scratch is not None:
+            scratch.given_back(lent, result)
+    if dtype is not torch.bfloat16:
+        return _to_half(result)
+    return _to_half(result, _storages(_floating((*args, *kwargs.values()))))
+
+
+class ConversionScratch(threading.local):
+    """Host buffers the policy converts a call's float16 operands into, kept for the next call
+    of the same size. A fresh buffer of a few MiB costs a page fault every 4 KiB at its first
+    touch, which costs more than the conversion: a convolution over a 4 MiB float16 input took
+    1024 more faults and 2.4 ms more than its bfloat16 port on an AVX-512 EPYC, the same as the
+    port with these. Per thread (DataParallel runs its replicas in threads); lent only where no
+    gradient is recorded (autograd would save an operand for backward), and left to a result
+    that is a view of one (a trivial einsum). At most ``budget`` bytes are kept, those of the
+    size least recently given back given up first."""
+
+    budget = 64 << 20
+
+    def __init__(self):
+        self.free = {}          # bytes -> [storages no call is using]; least recent size first
+        self.lent = []          # storages lent to the calls running now, innermost last
+        self.held = 0
+
+    def lending(self) -> int:
+        """Where the storages a call is about to borrow will start in ``lent``."""
+        return len(self.lent)
+
+    def converted(self, tensor, dtype):
+        """``tensor`` in ``dtype``, in a kept buffer where it is a dense host tensor."""
+        if tensor.device.type != "cpu" or type(tensor) not in (torch.Tensor, torch.nn.Parameter) \
+                or tensor.is_nested or not (tensor.is_contiguous() or (tensor.dim() == 4 and tensor.is_contiguous(
+                    memory_format=torch.channels_last))):
+            return converted(tensor, dtype)
+        nbytes = tensor.numel() * dtype.itemsize
+        kept = self.free.get(nbytes)
+        if kept:
+            storage = kept.pop()
+            self.held -= nbytes
+            if not kept:
+                del self.free[nbytes]
+        else:
+            storage = torch.empty(nbytes, dtype=torch.uint8).untyped_storage()
+        out = torch.empty(0, dtype=dtype).set_(storage, 0, tensor.size(), tensor.stride())
+        if not (native.usable() and native.reduced_converted(tensor, dtype, out) is not None):
+            out.copy_(tensor.float() if tensor.dtype in _REDUCED and dtype in _REDUCED else tensor)
+        self.lent.append(storage)
+        return out
+
+    def given_back(self, lent: int, result):
+        """After the call that borrowed from ``lent`` on: its storages are kept, but for one its
+        result holds."""
+        borrowed, self.lent = self.lent[lent:], self.lent[:lent]
+        if not borrowed:
+            return
+        held = _storages(_floating(result if isinstance(result, tuple) else (result,)))
+        for storage in borrowed:
+            if held is not None and storage.data_ptr() not in held:
+                self._keep(storage)
+
+    def _keep(self, storage):
+        nbytes = storage.nbytes()
+        self.free[nbytes] = [*self.free.pop(nbytes, ()), storage]     # the most recent size last
+        self.held += nbytes
+        while self.held > self.budget:
+            oldest = next(iter(self.free))
+            self.held -= oldest
+            self.free[oldest].pop(0)
+            if not self.free[oldest]:
+                del self.free[oldest]
+
+    def clear(self):
+        self.free.clear()
+        self.held = 0
+
+
+_SCRATCH = ConversionScratch()
+
+
+def _storages(tensors):
+    """The data pointers of the tensors' storages; None where one has none to tell."""
+    try:
+        return frozenset(tensor.untyped_storage().data_ptr() for tensor in tensors)
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+def _to_half(result, operands=None):
     """The result in float16, as the call computed in float16 would return it: a tensor, or
-    each tensor of the tuple a fused layer returns (multi-head attention's output and weights)."""
+    each tensor of the tuple a fused layer returns (multi-head attention's output and weights).
+    A bfloat16 result in memory of its own (``operands``: the storages of the tensors the call
+    was given; None: not known) is rounded where it lies (``native.reduced_converted_in_place``)."""
     if isinstance(result, tuple):
-        return tuple(_to_half(item) for item in result)
-    return converted(result, HALF) if isinstance(result, torch.Tensor) and result.is_floating_point() else result
+        if operands is not None and len(_storages(_floating(result)) or ()) < len(list(_floating(result))):
+            operands = None                             # two results in one storage: copied
+        return tuple(_to_half(item, operands) for item in result)
+    if not isinstance(result, torch.Tensor) or not result.is_floating_point():
+        return result
+    if operands is not None and result.dtype is torch.bfloat16 and native.usable():
+        rounded = native.reduced_converted_in_place(result, HALF, operands)
+        if rounded is not None:
+            return rounded
+    return converted(result, HALF)
 
 
 def _all_half(args, kwargs) -> bool:
@@ -445,11 +558,11 @@ def _float32(value, cache):
     return value
 
 
-def _wide(value, cache, dtype=torch.float32):
+def _wide(value, cache, dtype=torch.float32, scratch=None):
     if isinstance(value, torch.Tensor):
-        return cache.widen(value, dtype) if value.dtype is HALF else value
+        return cache.widen(value, dtype, scratch) if value.dtype is HALF else value
     if isinstance(value, (list, tuple)):
-        return type(value)(_wide(item, cache, dtype) for item in value)
+        return type(value)(_wide(item, cache, dtype, scratch) for item in value)
     return value
 
 
