@@ -338,14 +338,15 @@ def test_inference_in_bfloat16_reuses_its_conversion_buffers_without_touching_ea
     batches = [torch.randn(4, 8, 16, 16).half() for _ in range(4)]
     expected = [_by_hand_in_bfloat16(lambda x, w: F.conv2d(x, w, padding=1), x, conv.weight) for x in batches]
     channels_last = batches[0].contiguous(memory_format=torch.channels_last)
+    strided = torch.cat([batches[1], batches[0]], dim=1)[:, 8:]      # neither layout: staged
     _bfloat16_products(speeds)
     with torch.no_grad():
         results = [conv(x) for x in batches]
-        after_channels_last = conv(channels_last)
+        after_channels_last, after_strided = conv(channels_last), conv(strided)
     for result, reference in zip(results, expected):
         assert result.dtype == HALF and result._base is None and torch.equal(result, reference)
     assert len({r.untyped_storage().data_ptr() for r in results}) == len(results)
-    assert torch.equal(after_channels_last, expected[0])
+    assert torch.equal(after_channels_last, expected[0]) and torch.equal(after_strided, expected[0])
     assert _counted("torch.nn.functional.conv2d") == "float16 computed in bfloat16"
     from cudashim.patches.precision import _SCRATCH
     assert 0 < _SCRATCH.held <= _SCRATCH.budget                     # kept for the next call
@@ -440,7 +441,7 @@ def test_kept_conversion_buffers_stay_within_their_budget():
     assert scratch.held == 0 and not scratch.free                          # too large to keep
 
 
-def test_distances_are_computed_in_float32_where_products_run_in_bfloat16(speeds):
+def test_distances_and_bilinear_forms_are_computed_in_float32_where_products_run_in_bfloat16(speeds):
     """cdist's terms cancel: near points' distances keep their digits only in float32."""
     from cudashim.precision import BFLOAT16, MatmulChoices
     torch.manual_seed(0)
@@ -453,6 +454,11 @@ def test_distances_are_computed_in_float32_where_products_run_in_bfloat16(speeds
     assert torch.allclose(ours.double(), exact, rtol=2e-3, atol=1e-3)
     inner = torch.inner(points, near)                                 # the products still in bfloat16
     assert torch.equal(inner, torch.inner(points.bfloat16(), near.bfloat16()).half())
+    # bilinear runs slower in bfloat16 than in float32 on every host measured: float32 too
+    weight = torch.randn(4, 32, 32).half()
+    assert torch.equal(F.bilinear(points, near, weight),
+                       F.bilinear(points.float(), near.float(), weight.float()).half())
+    assert _counted("torch.nn.functional.bilinear") == "float16 computed in float32"
 
 
 def test_an_out_call_is_refused_and_resized_as_torch_does(speeds):

@@ -282,15 +282,19 @@ _CONVERSION_ELEMENTS_PER_THREAD = 1 << 22
 
 
 def _convertible(x: torch.Tensor, dtype: torch.dtype) -> bool:
-    """Whether the compiled conversion applies to ``x``: a plain host tensor of one reduced type,
-    laid out densely (row-major or channels-last; not nested), that autograd does not record (a copy would
-    not be on its graph), converted to the other, outside torch.compile's tracing. Subclasses and
-    wrappers (traced, batched, fake) are torch's to convert."""
-    if type(x) not in (torch.Tensor, torch.nn.Parameter) or x.device.type != "cpu" \
-            or x.layout is not torch.strided or x.is_nested or x.dtype not in _REDUCED or dtype not in _REDUCED \
-            or x.dtype is dtype or (x.requires_grad and torch.is_grad_enabled()) \
-            or torch.compiler.is_compiling():
-        return False
+    """Whether the compiled conversion applies to ``x``: a plain host tensor of one reduced type
+    (not nested) that autograd does not record (a copy would not be on its graph), converted to
+    the other, outside torch.compile's tracing. Subclasses and wrappers (traced, batched, fake)
+    are torch's to convert."""
+    return type(x) in (torch.Tensor, torch.nn.Parameter) and x.device.type == "cpu" \
+        and x.layout is torch.strided and not x.is_nested and x.dtype in _REDUCED and dtype in _REDUCED \
+        and x.dtype is not dtype and not (x.requires_grad and torch.is_grad_enabled()) \
+        and not torch.compiler.is_compiling()
+
+
+def dense(x: torch.Tensor) -> bool:
+    """Whether ``x``'s elements fill its memory in an order the conversion can take whole:
+    row-major or channels-last."""
     return x.is_contiguous() or (x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last))
 
 
@@ -303,11 +307,15 @@ def _convert(source: int, destination: int, x: torch.Tensor, dtype: torch.dtype)
 
 def reduced_converted(x: torch.Tensor, dtype: torch.dtype, out: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
     """``x`` (float16 or bfloat16) in the other of the two, converted in one pass: the values
-    torch's ``x.to(dtype)`` gives (a NaN stays a NaN), in a tensor of the same strides, ``out``
-    where given (of ``dtype``, ``x``'s sizes and strides). None where the CPU has no F16C or the
-    conversion does not apply (``_convertible``): torch converts those."""
+    torch's ``x.to(dtype)`` gives (a NaN stays a NaN), in a tensor of the same strides, or
+    ``out`` where given (of ``dtype``, ``x``'s sizes and strides; ``x`` dense). A tensor that is
+    not dense (a head split off a fused projection) is first copied row-major, in its own type.
+    None where the CPU has no F16C or the conversion does not apply (``_convertible``): torch
+    converts those."""
     if not _convertible(x, dtype):
         return None
+    if not dense(x):
+        return None if out is not None else reduced_converted_in_place(x.contiguous(), dtype, frozenset())
     try:
         source = x.data_ptr()
     except RuntimeError:                            # a wrapper with no storage of its own
@@ -318,13 +326,13 @@ def reduced_converted(x: torch.Tensor, dtype: torch.dtype, out: Optional[torch.T
 
 
 def reduced_converted_in_place(x: torch.Tensor, dtype: torch.dtype, operands: frozenset) -> Optional[torch.Tensor]:
-    """``x`` converted as by ``reduced_converted`` but where it lies, returned as a tensor of
-    ``dtype`` over the same memory (a plain tensor, not a view of ``x``), which ``x`` must no
-    longer be used as: no second buffer, whose first touch costs a page fault every 4 KiB. For
-    the result of a call that nothing else holds: None, and nothing converted, where its storage
-    is among ``operands`` (the data pointers of the storages the call was given) or the
-    conversion does not apply."""
-    if not _convertible(x, dtype):
+    """``x`` (dense) converted as by ``reduced_converted`` but where it lies, returned as a
+    tensor of ``dtype`` over the same memory (a plain tensor, not a view of ``x``), which ``x``
+    must no longer be used as: no second buffer, whose first touch costs a page fault every
+    4 KiB. For the result of a call that nothing else holds: None, and nothing converted, where
+    its storage is among ``operands`` (the data pointers of the storages the call was given) or
+    the conversion does not apply."""
+    if not _convertible(x, dtype) or not dense(x):
         return None
     try:
         storage = x.untyped_storage()

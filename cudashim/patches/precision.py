@@ -70,10 +70,12 @@ def converted(tensor, dtype):
 
 # The Tensor methods that write their product into the tensor they are called on.
 _IN_PLACE = ("addmm_", "baddbmm_", "addbmm_")
-# Computed in float32 where the policy's choice is bfloat16: a Euclidean distance is taken as
+# Computed in float32 where the policy's choice is bfloat16. A Euclidean distance is taken as
 # |x|^2 + |y|^2 - 2 x.y, whose terms cancel, and bfloat16's 8-bit significand would leave the
-# distance between near points no correct digit.
-_FLOAT32_ONLY = frozenset({"cdist"})
+# distance between near points no correct digit. torch's bilinear (its _trilinear) runs slower
+# in bfloat16 than in float32 on every host measured: 256 rows of 512, 3.6 ms against 1.47 on an
+# AVX-512 BF16 EPYC, 71.9 against 4.88 on an AVX2 one.
+_FLOAT32_ONLY = frozenset({"cdist", "bilinear"})
 
 # (owner, name, where the first tensor is) for every function computed wider: every product
 # of matrices torch offers (torch's CPU kernels compute each in float16 at 6x to 200x
@@ -467,12 +469,27 @@ class ConversionScratch(threading.local):
         return len(self.lent)
 
     def converted(self, tensor, dtype):
-        """``tensor`` in ``dtype``, in a kept buffer where it is a dense host tensor."""
+        """``tensor`` in ``dtype``, in a kept buffer where it is a plain host tensor: in its own
+        strides where it is dense, else row-major (staged there in its own type first where the
+        compiled conversion runs, which takes dense tensors only)."""
         if tensor.device.type != "cpu" or type(tensor) not in (torch.Tensor, torch.nn.Parameter) \
-                or tensor.is_nested or not (tensor.is_contiguous() or (tensor.dim() == 4 and tensor.is_contiguous(
-                    memory_format=torch.channels_last))):
+                or tensor.is_nested:
             return converted(tensor, dtype)
-        nbytes = tensor.numel() * dtype.itemsize
+        storage = self._borrowed(tensor.numel() * max(dtype.itemsize, tensor.element_size()))
+        laid_out = native.dense(tensor)
+        out = torch.empty(0, dtype=dtype)
+        out = out.set_(storage, 0, tensor.size(), tensor.stride()) if laid_out else out.set_(storage, 0, tensor.size())
+        fast = native.usable() and tensor.dtype in _REDUCED and dtype in _REDUCED
+        if fast and laid_out:
+            fast = native.reduced_converted(tensor, dtype, out) is not None
+        elif fast:
+            staged = torch.empty(0, dtype=tensor.dtype).set_(storage, 0, tensor.size()).copy_(tensor)
+            fast = native.reduced_converted_in_place(staged, dtype, frozenset()) is not None
+        if not fast:
+            out.copy_(tensor.float() if tensor.dtype in _REDUCED and dtype in _REDUCED else tensor)
+        return out
+
+    def _borrowed(self, nbytes: int):
         kept = self.free.get(nbytes)
         if kept:
             storage = kept.pop()
@@ -481,11 +498,8 @@ class ConversionScratch(threading.local):
                 del self.free[nbytes]
         else:
             storage = torch.empty(nbytes, dtype=torch.uint8).untyped_storage()
-        out = torch.empty(0, dtype=dtype).set_(storage, 0, tensor.size(), tensor.stride())
-        if not (native.usable() and native.reduced_converted(tensor, dtype, out) is not None):
-            out.copy_(tensor.float() if tensor.dtype in _REDUCED and dtype in _REDUCED else tensor)
         self.lent.append(storage)
-        return out
+        return storage
 
     def given_back(self, lent: int, result):
         """After the call that borrowed from ``lent`` on: its storages are kept, but for one its
