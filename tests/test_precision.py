@@ -352,6 +352,25 @@ def test_inference_in_bfloat16_reuses_its_conversion_buffers_without_touching_ea
     assert 0 < _SCRATCH.held <= _SCRATCH.budget                     # kept for the next call
 
 
+def test_inference_without_no_grad_lends_buffers_only_to_calls_that_record_nothing(speeds):
+    """Gradients on but no operand requiring one (inference written without no_grad): the
+    operands go through the kept buffers, and every result is its own; a call whose weight
+    requires a gradient borrows nothing."""
+    from cudashim.patches.precision import _SCRATCH
+    torch.manual_seed(4)
+    frozen = torch.nn.Linear(32, 32).half().requires_grad_(False)
+    trained = torch.nn.Linear(32, 32).half()
+    batches = [torch.randn(16, 32).half() for _ in range(3)]
+    expected = [_by_hand_in_bfloat16(lambda x, w, b: F.linear(x, w, b), x, frozen.weight, frozen.bias)
+                for x in batches]
+    _bfloat16_products(speeds)
+    results = [frozen(x) for x in batches]
+    assert all(torch.equal(r, e) for r, e in zip(results, expected)) and _SCRATCH.held > 0
+    _SCRATCH.clear()
+    trained(batches[0]).float().sum().backward()
+    assert _SCRATCH.held == 0 and trained.weight.grad is not None
+
+
 def test_a_result_that_is_a_view_of_a_converted_operand_leaves_the_operand_alone(speeds):
     """A trivial einsum returns a view of its converted operand: rounding it to float16 never
     writes into that operand, neither a buffer a later call reuses nor a frozen weight's kept

@@ -443,6 +443,31 @@ static inline uint16_t bfloat16_bits(uint32_t f)
     return (uint16_t)((f + 0x7FFFu + (f >> 16 & 1u)) >> 16);
 }
 
+/* What the vector loops leave, one value at a time. */
+TARGET_PUSH("f16c")
+
+static inline void half_to_bfloat16_tail(const Halves *h, size_t i, size_t stop)
+{
+    for (; i < stop; i++) {
+        const float f = _cvtsh_ss(h->src[i]);
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        h->dst[i] = bfloat16_bits(u);
+    }
+}
+
+static inline void bfloat16_to_half_tail(const Halves *h, size_t i, size_t stop)
+{
+    for (; i < stop; i++) {
+        const uint32_t u = (uint32_t)h->src[i] << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        h->dst[i] = _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    }
+}
+
+TARGET_POP()
+
 TARGET_PUSH("avx512f,avx512bw,avx2,avx,f16c")
 
 static inline __m512i rounded_to_bfloat16_512(__m512 f)
@@ -464,12 +489,7 @@ static void half_to_bfloat16_avx512(void *context, size_t start, size_t stop, si
         const __m512 f = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h->src + i)));
         _mm256_storeu_si256((__m256i *)(h->dst + i), _mm512_cvtepi32_epi16(rounded_to_bfloat16_512(f)));
     }
-    for (; i < stop; i++) {
-        const float f = _cvtsh_ss(h->src[i]);
-        uint32_t u;
-        memcpy(&u, &f, 4);
-        h->dst[i] = bfloat16_bits(u);
-    }
+    half_to_bfloat16_tail(h, i, stop);
 }
 
 static void bfloat16_to_half_avx512(void *context, size_t start, size_t stop, size_t part)
@@ -481,12 +501,7 @@ static void bfloat16_to_half_avx512(void *context, size_t start, size_t stop, si
         _mm256_storeu_si256((__m256i *)(h->dst + i),
                             _mm512_cvtps_ph(_mm512_castsi512_ps(u), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     }
-    for (; i < stop; i++) {
-        const uint32_t u = (uint32_t)h->src[i] << 16;
-        float f;
-        memcpy(&f, &u, 4);
-        h->dst[i] = _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    }
+    bfloat16_to_half_tail(h, i, stop);
 }
 
 TARGET_POP()
@@ -530,12 +545,7 @@ static void half_to_bfloat16_avx2(void *context, size_t start, size_t stop, size
         const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(bits, bits), 0x08);
         _mm_storeu_si128((__m128i *)(h->dst + i), _mm256_castsi256_si128(packed));
     }
-    for (; i < stop; i++) {
-        const float f = _cvtsh_ss(h->src[i]);
-        uint32_t u;
-        memcpy(&u, &f, 4);
-        h->dst[i] = bfloat16_bits(u);
-    }
+    half_to_bfloat16_tail(h, i, stop);
 }
 
 static void bfloat16_to_half_avx2(void *context, size_t start, size_t stop, size_t part)
@@ -547,12 +557,7 @@ static void bfloat16_to_half_avx2(void *context, size_t start, size_t stop, size
         _mm_storeu_si128((__m128i *)(h->dst + i),
                          _mm256_cvtps_ph(_mm256_castsi256_ps(u), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     }
-    for (; i < stop; i++) {
-        const uint32_t u = (uint32_t)h->src[i] << 16;
-        float f;
-        memcpy(&f, &u, 4);
-        h->dst[i] = _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    }
+    bfloat16_to_half_tail(h, i, stop);
 }
 
 TARGET_POP()

@@ -365,10 +365,8 @@ def _written_in_place(method, dtype, cache, args, kwargs):
     ``target`` of its own (a kept copy of a parameter is never written), whose result is
     rounded into ``target`` once."""
     target, *operands = args
-    wide = converted(target, dtype)
-    method(wide, *[_wide(value, cache, dtype) for value in operands],
-           **{name: _wide(value, cache, dtype) for name, value in kwargs.items()})
-    return target.copy_(converted(wide, target.dtype))
+    wide, _, _ = _called_wide(method, dtype, cache, [converted(target, dtype), *operands], kwargs)
+    return _rounded_into(target, wide)
 
 
 def _written_to_out(function, dtype, cache, args, kwargs, count, reported, choice):
@@ -380,9 +378,21 @@ def _written_to_out(function, dtype, cache, args, kwargs, count, reported, choic
             value.requires_grad for value in _floating((*args, *kwargs.values())))):
         return function(*args, **kwargs)
     count(reported, f"float16 computed in {choice}")
-    result = function(*[_wide(value, cache, dtype) for value in args],
-                      **{name: _wide(value, cache, dtype) for name, value in kwargs.items() if name != "out"})
-    return written_to(out, converted(result, out.dtype))
+    result, _, _ = _called_wide(function, dtype, cache, args,
+                                {name: value for name, value in kwargs.items() if name != "out"})
+    if result.shape != out.shape:
+        return written_to(out, converted(result, out.dtype))      # resized, as torch does
+    return _rounded_into(out, result)
+
+
+def _rounded_into(target, wide):
+    """``wide`` rounded into ``target`` (of its sizes) once: in one compiled pass where both are
+    laid out alike and no gradient is recorded through ``target``."""
+    if wide.stride() == target.stride() and native.usable() and native.dense(target) \
+            and not (target.requires_grad and torch.is_grad_enabled()) \
+            and native.reduced_converted(wide, target.dtype, target) is not None:
+        return target
+    return target.copy_(converted(wide, target.dtype))
 
 
 class _NoRegion:
@@ -429,10 +439,20 @@ def _floating(values):
 
 def _computed_and_rounded(original, dtype, cache, args, kwargs):
     """``original`` computed on its float16 operands in ``dtype``, its result rounded to float16
-    once. Where no gradient is recorded the operands are converted into this thread's scratch
-    buffers, and a bfloat16 result is rounded where it lies: the call allocates no more than
-    torch's own would."""
-    scratch = _SCRATCH if not torch.is_grad_enabled() else None
+    once, where it lies if it is a bfloat16 result of its own."""
+    result, args, kwargs = _called_wide(original, dtype, cache, args, kwargs)
+    if dtype is not torch.bfloat16:
+        return _to_half(result)
+    return _to_half(result, _storages(_floating((*args, *kwargs.values()))))
+
+
+def _called_wide(original, dtype, cache, args, kwargs):
+    """``original`` called on its float16 operands converted to ``dtype``: (its result, and the
+    operands it was given). Where the call records no gradient (none is recorded, or no operand
+    requires one) they are converted into this thread's kept buffers: the call then allocates
+    no more than torch's own would."""
+    recording = torch.is_grad_enabled() and any(value.requires_grad for value in _floating((*args, *kwargs.values())))
+    scratch = None if recording else _SCRATCH
     lent = scratch.lending() if scratch is not None else 0
     result = ()
     try:
@@ -442,9 +462,7 @@ def _computed_and_rounded(original, dtype, cache, args, kwargs):
     finally:
         if scratch is not None:
             scratch.given_back(lent, result)
-    if dtype is not torch.bfloat16:
-        return _to_half(result)
-    return _to_half(result, _storages(_floating((*args, *kwargs.values()))))
+    return result, args, kwargs
 
 
 class ConversionScratch(threading.local):
@@ -452,8 +470,8 @@ class ConversionScratch(threading.local):
     of the same size. A fresh buffer of a few MiB costs a page fault every 4 KiB at its first
     touch, which costs more than the conversion: a convolution over a 4 MiB float16 input took
     1024 more faults and 2.4 ms more than its bfloat16 port on an AVX-512 EPYC, the same as the
-    port with these. Per thread (DataParallel runs its replicas in threads); lent only where no
-    gradient is recorded (autograd would save an operand for backward), and left to a result
+    port with these. Per thread (DataParallel runs its replicas in threads); lent only where the
+    call records no gradient (autograd would save an operand for backward), and left to a result
     that is a view of one (a trivial einsum). At most ``budget`` bytes are kept, those of the
     size least recently given back given up first."""
 
