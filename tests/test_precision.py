@@ -371,6 +371,27 @@ def test_inference_without_no_grad_lends_buffers_only_to_calls_that_record_nothi
     assert _SCRATCH.held == 0 and trained.weight.grad is not None
 
 
+def test_the_first_conversion_works_under_a_float16_default_tensor_type(speeds, monkeypatch):
+    """The compiled kernels choose their variant at first use, which can be a float16 layer
+    of a program that made ``torch.cuda.HalfTensor`` its default tensor type: the choice's
+    probe names its dtypes and device (it handed float16 memory to a float32 kernel, and
+    the program died of a corrupted heap)."""
+    from cudashim.kernels import native
+    torch.manual_seed(5)
+    x, weight = torch.randn(16, 32).half(), torch.randn(8, 32).half()
+    expected = _by_hand_in_bfloat16(F.linear, x, weight)
+    _bfloat16_products(speeds)
+    monkeypatch.setattr(native, "_choice", None)
+    torch.set_default_tensor_type(torch.cuda.HalfTensor)
+    try:
+        ours = F.linear(x, weight)
+        chosen = native.variant()
+    finally:
+        torch.set_default_tensor_type(torch.FloatTensor)
+    assert torch.equal(ours, expected)
+    assert chosen == next((v.name for v in native.variants() if v.runs_here), None)
+
+
 def test_a_result_that_is_a_view_of_a_converted_operand_leaves_the_operand_alone(speeds):
     """A trivial einsum returns a view of its converted operand: rounding it to float16 never
     writes into that operand, neither a buffer a later call reuses nor a frozen weight's kept

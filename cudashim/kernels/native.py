@@ -83,10 +83,13 @@ def _choose_variant() -> None:
 
 def _disagreement_with_portable() -> Optional[str]:
     """The first kernel of the variant in use whose result differs from the portable
-    version's on a small probe (long enough for every vector loop), else None."""
-    flags = torch.arange(8 * 300 + 5) % 3 == 0
-    packed = (torch.arange(300) * 37 % 256).to(torch.uint8)
-    floats = torch.linspace(-2, 2, 8 * 300)
+    version's on a small probe (long enough for every vector loop), else None. Run at first
+    use, which may come in a program that set a default dtype or device (a float16
+    ``torch.cuda.HalfTensor`` default): every probe tensor names both."""
+    host = {"device": "cpu"}
+    flags = torch.arange(8 * 300 + 5, dtype=torch.int64, **host) % 3 == 0
+    packed = (torch.arange(300, dtype=torch.int64, **host) * 37 % 256).to(torch.uint8)
+    floats = torch.linspace(-2, 2, 8 * 300, dtype=torch.float32, **host)
     floats[::7] = 0.0
     floats[1::11] = -0.0
     floats[2::13] = float("nan")
@@ -100,16 +103,17 @@ def _disagreement_with_portable() -> Optional[str]:
     if not torch.equal(unpack_signs(packed), bits.unpack_signs(packed)):
         return "unpack_signs"
     finite = torch.nan_to_num(floats)
-    error, buffer = finite.clone(), torch.linspace(1, 2, 100)
+    error, buffer = finite.clone(), torch.linspace(1, 2, 100, dtype=torch.float32, **host)
     scale, signs = compress_compensated(buffer, error)
     expected = finite.clone()
     expected[:100] += buffer
     if not torch.equal(signs, bits.pack_signs(expected)) or not math.isclose(
             scale.item(), expected.norm().item() / math.sqrt(expected.numel()), rel_tol=1e-5):
         return "the compression"
-    halves = torch.linspace(-70000, 70000, 1000).half()       # infinities at both ends
+    # infinities at both ends, NaNs and subnormals between
+    halves = torch.linspace(-70000, 70000, 1000, dtype=torch.float32, **host).half()
     halves[::9] = float("nan")
-    halves[1::9] = torch.linspace(-1e-6, 1e-6, 111).half()    # subnormals
+    halves[1::9] = torch.linspace(-1e-6, 1e-6, 111, dtype=torch.float32, **host).half()
     for source, target in ((halves, torch.bfloat16), (halves.bfloat16(), torch.float16)):
         ours = reduced_converted(source, target)
         if ours is not None and not torch.equal(torch.nan_to_num(ours), torch.nan_to_num(source.to(target))):
@@ -178,8 +182,9 @@ def _threads() -> int:
 
 
 def empty(numel: int, dtype: torch.dtype) -> torch.Tensor:
-    """A fresh host tensor, advised onto huge pages before its first touch."""
-    out = torch.empty(numel, dtype=dtype)
+    """A fresh host tensor (whatever default device the program set), advised onto huge pages
+    before its first touch."""
+    out = torch.empty(numel, dtype=dtype, device="cpu")
     if out.numel():
         _native.advise_huge(out.data_ptr(), out.numel() * out.element_size())
     return out
@@ -241,7 +246,7 @@ def unpack_signs(packed: torch.Tensor, count: Optional[int] = None,
     flat = packed.reshape(-1).contiguous()
     out = empty(flat.numel() * 8, torch.float32)
     if flat.numel():
-        expand_signs(flat, torch.ones(1), out)
+        expand_signs(flat, torch.ones(1, dtype=torch.float32, device="cpu"), out)
     return bits.apply_count(out, count)
 
 
@@ -255,7 +260,7 @@ def expand_signs(packed: torch.Tensor, scales: torch.Tensor, out: torch.Tensor) 
 
 
 def _host_scales(scales: torch.Tensor) -> torch.Tensor:
-    return scales.reshape(-1).to(torch.float32).contiguous()
+    return scales.reshape(-1).to(device="cpu", dtype=torch.float32).contiguous()
 
 
 def compress_compensated(buffer: torch.Tensor, error: torch.Tensor):
@@ -305,7 +310,8 @@ def _convert(source: int, destination: int, x: torch.Tensor, dtype: torch.dtype)
     return _native.convert_reduced(source, destination, x.numel(), dtype is torch.bfloat16, threads)
 
 
-def reduced_converted(x: torch.Tensor, dtype: torch.dtype, out: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+def reduced_converted(x: torch.Tensor, dtype: torch.dtype,
+                      out: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
     """``x`` (float16 or bfloat16) in the other of the two, converted in one pass: the values
     torch's ``x.to(dtype)`` gives (a NaN stays a NaN), in a tensor of the same strides, or
     ``out`` where given (of ``dtype``, ``x``'s sizes and strides; ``x`` dense). A tensor that is
@@ -325,7 +331,8 @@ def reduced_converted(x: torch.Tensor, dtype: torch.dtype, out: Optional[torch.T
     return out if _convert(source, out.data_ptr(), x, dtype) else None
 
 
-def reduced_converted_in_place(x: torch.Tensor, dtype: torch.dtype, operands: frozenset) -> Optional[torch.Tensor]:
+def reduced_converted_in_place(x: torch.Tensor, dtype: torch.dtype,
+                               operands: frozenset) -> Optional[torch.Tensor]:
     """``x`` (dense) converted as by ``reduced_converted`` but where it lies, returned as a
     tensor of ``dtype`` over the same memory (a plain tensor, not a view of ``x``), which ``x``
     must no longer be used as: no second buffer, whose first touch costs a page fault every
@@ -341,4 +348,4 @@ def reduced_converted_in_place(x: torch.Tensor, dtype: torch.dtype, operands: fr
         return None
     if storage.data_ptr() in operands or not _convert(source, source, x, dtype):
         return None
-    return torch.empty(0, dtype=dtype).set_(storage, x.storage_offset(), x.size(), x.stride())
+    return torch.empty(0, dtype=dtype, device="cpu").set_(storage, x.storage_offset(), x.size(), x.stride())

@@ -451,7 +451,8 @@ def _called_wide(original, dtype, cache, args, kwargs):
     operands it was given). Where the call records no gradient (none is recorded, or no operand
     requires one) they are converted into this thread's kept buffers: the call then allocates
     no more than torch's own would."""
-    recording = torch.is_grad_enabled() and any(value.requires_grad for value in _floating((*args, *kwargs.values())))
+    recording = torch.is_grad_enabled() and any(
+        value.requires_grad for value in _floating((*args, *kwargs.values())))
     scratch = None if recording else _SCRATCH
     lent = scratch.lending() if scratch is not None else 0
     result = ()
@@ -495,13 +496,14 @@ class ConversionScratch(threading.local):
             return converted(tensor, dtype)
         storage = self._borrowed(tensor.numel() * max(dtype.itemsize, tensor.element_size()))
         laid_out = native.dense(tensor)
-        out = torch.empty(0, dtype=dtype)
-        out = out.set_(storage, 0, tensor.size(), tensor.stride()) if laid_out else out.set_(storage, 0, tensor.size())
+        out = torch.empty(0, dtype=dtype, device="cpu")
+        out.set_(storage, 0, tensor.size(), tensor.stride() if laid_out else ())
         fast = native.usable() and tensor.dtype in _REDUCED and dtype in _REDUCED
         if fast and laid_out:
             fast = native.reduced_converted(tensor, dtype, out) is not None
         elif fast:
-            staged = torch.empty(0, dtype=tensor.dtype).set_(storage, 0, tensor.size()).copy_(tensor)
+            staged = torch.empty(0, dtype=tensor.dtype, device="cpu").set_(storage, 0, tensor.size())
+            staged.copy_(tensor)
             fast = native.reduced_converted_in_place(staged, dtype, frozenset()) is not None
         if not fast:
             out.copy_(tensor.float() if tensor.dtype in _REDUCED and dtype in _REDUCED else tensor)
@@ -515,7 +517,7 @@ class ConversionScratch(threading.local):
             if not kept:
                 del self.free[nbytes]
         else:
-            storage = torch.empty(nbytes, dtype=torch.uint8).untyped_storage()
+            storage = torch.empty(nbytes, dtype=torch.uint8, device="cpu").untyped_storage()
         self.lent.append(storage)
         return storage
 
