@@ -14,6 +14,10 @@ HALF, BF16 = torch.float16, torch.bfloat16
 SLOW_BOTH = {HALF: False, BF16: False}          # this machine's kind: AVX2, no BF16/FP16 units
 FAST_BF16 = {HALF: False, BF16: True}           # AVX512_BF16 or AMX without FP16
 FAST_BOTH = {HALF: True, BF16: True}            # an accelerator
+# oneDNN's float32 precision setting, what the TF32 flags map to (torch 2.9 and later)
+ONEDNN_PRECISION = hasattr(getattr(torch.backends.mkldnn, "matmul", None), "fp32_precision")
+needs_onednn_precision = pytest.mark.skipif(not ONEDNN_PRECISION,
+                                            reason="this torch has no torch.backends.mkldnn.matmul.fp32_precision")
 
 
 def _policy(fast, amp_dtype="auto", tf32="auto", device_type="cpu"):
@@ -63,7 +67,7 @@ def test_the_policy_widens_float16_only_where_it_is_slow_and_not_asked_for():
     assert not _policy(FAST_BOTH).widens_float16
     assert not _policy(SLOW_BOTH, "as-asked").widens_float16
     assert not _policy(SLOW_BOTH, "float16").widens_float16
-    assert _policy(FAST_BF16).float32_matmul_precision == "bf16"
+    assert _policy(FAST_BF16).float32_matmul_precision == ("bf16" if ONEDNN_PRECISION else None)
     assert _policy(SLOW_BOTH).float32_matmul_precision is None
     assert _policy(FAST_BF16, tf32="ignore").float32_matmul_precision is None
     assert _policy(FAST_BOTH, device_type="xpu").float32_matmul_precision is None
@@ -75,6 +79,8 @@ def test_the_cpu_speed_comes_from_the_instruction_set_on_x86():
     from cudashim.backends import cpu_speed
     if platform.machine().lower() not in ("x86_64", "amd64"):
         pytest.skip("x86 only")
+    if not hasattr(torch.cpu, "_is_avx512_bf16_supported"):
+        pytest.skip("this torch has no CPU probes (the next test covers the answer without them)")
     fast, how = cpu_speed.speeds()
     assert how == "from the CPU's instruction set"
     bf16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
@@ -914,6 +920,7 @@ def test_deactivation_puts_the_family_back():
     assert "lstm" not in vars(torch._VF)                  # looked up through the module again
 
 
+@needs_onednn_precision
 def test_tf32_flags_turn_the_targets_reduced_precision_matmul_on_and_off(speeds):
     mkldnn = torch.backends.mkldnn
     before = (mkldnn.matmul.fp32_precision, mkldnn.conv.fp32_precision)
@@ -936,6 +943,7 @@ def test_tf32_flags_turn_the_targets_reduced_precision_matmul_on_and_off(speeds)
     assert torch.backends.cuda.matmul is matmul_flags
 
 
+@needs_onednn_precision
 @pytest.mark.parametrize("fast, options", [(SLOW_BOTH, {}), (FAST_BF16, {"tf32": "ignore"})])
 def test_tf32_flags_change_nothing_where_there_is_no_equivalent_or_when_told(speeds, fast, options):
     mkldnn = torch.backends.mkldnn
