@@ -197,6 +197,7 @@ typedef struct {
 /* ---- the variants, one per instruction set ------------------------------------------------ */
 
 #if defined(__x86_64__) || defined(_M_X64)
+#include <cpuid.h>
 #include <immintrin.h>
 
 #if defined(__clang__)
@@ -508,7 +509,10 @@ TARGET_POP()
 
 /* Where the CPU has AVX512-BF16: one instruction rounds 32 float32 values to bfloat16 (to
  * nearest even; a NaN stays a NaN). It reads a subnormal float32 as zero, which no float16
- * value is in float32. */
+ * value is in float32. Compilers before GCC 10 and Clang 11 lack its intrinsic: there the
+ * integer rounding above serves. */
+#if (defined(__clang__) && __clang_major__ >= 11) || (!defined(__clang__) && __GNUC__ >= 10)
+#define HAVE_AVX512BF16 1
 TARGET_PUSH("avx512f,avx512bw,avx512bf16,avx2,avx,f16c")
 
 static void half_to_bfloat16_avx512bf16(void *context, size_t start, size_t stop, size_t part)
@@ -524,6 +528,7 @@ static void half_to_bfloat16_avx512bf16(void *context, size_t start, size_t stop
 }
 
 TARGET_POP()
+#endif
 
 TARGET_PUSH("avx2,avx,f16c")
 
@@ -562,16 +567,39 @@ static void bfloat16_to_half_avx2(void *context, size_t start, size_t stop, size
 
 TARGET_POP()
 
+/* CPUID's word for a leaf and subleaf, 0 where the CPU has no such leaf. Read directly, not
+ * through __builtin_cpu_supports, whose feature names older compilers lack. */
+static unsigned cpuid_word(unsigned leaf, unsigned subleaf, int which)
+{
+    unsigned words[4] = {0, 0, 0, 0};
+    if (!__get_cpuid_count(leaf, subleaf, &words[0], &words[1], &words[2], &words[3]))
+        return 0;
+    return words[which];
+}
+
+/* Read once, at import: CPUID is slow (in a virtual machine it exits to the hypervisor). */
+static int has_f16c, has_avx512bf16;
+
+static void read_conversion_features(void)
+{
+    has_f16c = (cpuid_word(1, 0, 2) >> 29) & 1;             /* ECX bit 29 */
+    has_avx512bf16 = (cpuid_word(7, 1, 0) >> 5) & 1;        /* EAX bit 5 */
+}
+
 /* The conversion loops for this CPU, by the variant in use (the widest one that agreed with
- * the portable kernels): NULL where it lacks F16C. */
+ * the portable kernels, whose check is also that the system saves the vector registers):
+ * NULL where it lacks F16C. */
 static void reduced_conversions(PartBody *to_bfloat16, PartBody *to_half)
 {
     *to_bfloat16 = *to_half = NULL;
-    if (!__builtin_cpu_supports("f16c"))
+    if (!has_f16c)
         return;
     if (strcmp(current->name, "avx512") == 0) {
-        *to_bfloat16 = __builtin_cpu_supports("avx512bf16") ? half_to_bfloat16_avx512bf16
-                                                            : half_to_bfloat16_avx512;
+        *to_bfloat16 = half_to_bfloat16_avx512;
+#if defined(HAVE_AVX512BF16)
+        if (has_avx512bf16)
+            *to_bfloat16 = half_to_bfloat16_avx512bf16;
+#endif
         *to_half = bfloat16_to_half_avx512;
     } else if (strcmp(current->name, "avx2") == 0) {
         *to_bfloat16 = half_to_bfloat16_avx2;
@@ -580,6 +608,8 @@ static void reduced_conversions(PartBody *to_bfloat16, PartBody *to_half)
 }
 
 #else
+
+static void read_conversion_features(void) {}
 
 static void reduced_conversions(PartBody *to_bfloat16, PartBody *to_half)
 {
@@ -714,6 +744,7 @@ PyMODINIT_FUNC PyInit__native(void)
 #if defined(__x86_64__) || defined(_M_X64)
     __builtin_cpu_init();
 #endif
+    read_conversion_features();
     current = widest_running_here();
     return PyModule_Create(&native_module);
 }
