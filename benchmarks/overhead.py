@@ -57,6 +57,10 @@ CALLS = [
     ("torch.cuda.current_device()", "+60 ns", "torch.cuda.current_device()", "torch.cpu.current_device()"),
     ("torch.cuda.device_count()", "+60 ns", "torch.cuda.device_count()", "torch.cpu.device_count()"),
     ("t.is_cuda", "+40 ns", "t.is_cuda", "t.is_cuda"),
+    # Tensor.device names the side a tensor is on (one dict probe), and else asks the device
+    # memory whether its storage is counted (one storage probe)
+    ("t.device (t on the device)", "+60 ns", "t.device", "t.device"),
+    ("a.device (a of unknown side)", "+60 ns", "a.device", "a.device"),
     # untranslated calls through a patched function
     ('torch.zeros(4, device="cpu")', "+30 ns", 'torch.zeros(4, device="cpu")', 'torch.zeros(4, device="cpu")'),
     ("torch.zeros(4)", "+30 ns", "torch.zeros(4)", "torch.zeros(4)"),

@@ -186,7 +186,7 @@ PyMODINIT_FUNC PyInit__speedups(void)
 {
     PyTypeObject *types[] = {&CallerCacheType, &RewriterType, &TruthSwitchType, &IsCudaType,
                              &DefaultDeviceType, &NamedDeviceType, &DtypeGateType, &HalfGateType,
-                             &DeviceMemoryType, &StayType, &LengthGateType};
+                             &DeviceMemoryType, &StayType, &SideDeviceType, &LengthGateType};
     size_t count = sizeof(types) / sizeof(types[0]), i;
     PyObject *module;
     if (!matches_the_table(types, count) || !device_memory_init_names() || !residency_init_names())

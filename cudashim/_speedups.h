@@ -28,8 +28,9 @@ extern PyTypeObject LengthGateType;
 /* _speedups_memory.c: storages counted on the device */
 extern PyTypeObject DeviceMemoryType;
 int device_memory_init_names(void);
+int device_memory_holds(PyObject *memory, PyObject *tensor);
 /* _speedups_residency.c: moves to where a tensor already is */
-extern PyTypeObject StayType;
+extern PyTypeObject StayType, SideDeviceType;
 int residency_init_names(void);
 
 /* _speedups.c */

@@ -19,7 +19,7 @@ typedef struct {
     long long allocated_total, freed_total, allocation_count, free_count;
 } DeviceMemoryObject;
 
-static PyObject *untyped_storage_name, *nbytes_name;      /* interned */
+static PyObject *untyped_storage_name, *nbytes_name, *holds_name;      /* interned */
 
 /* The storage under ``tensor`` (a new reference); NULL with no error set where it has none
  * of its own (a subclass, a sparse tensor), as the Python twin skips them; NULL with an
@@ -130,14 +130,29 @@ error:
     return NULL;
 }
 
+/* 1 where the storage under ``tensor`` is counted, 0 where not, -1 with an error set: holds()
+ * for C callers (Tensor.device's twin asks it of every tensor of unknown side). */
+int device_memory_holds(PyObject *memory, PyObject *tensor)
+{
+    PyObject *storage, *answer;
+    int known;
+    if (Py_TYPE(memory) != &DeviceMemoryType) {
+        answer = PyObject_CallMethodOneArg(memory, holds_name, tensor);
+        known = answer == NULL ? -1 : PyObject_IsTrue(answer);
+        Py_XDECREF(answer);
+        return known;
+    }
+    storage = storage_of(tensor);
+    if (storage == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    known = counted((DeviceMemoryObject *)memory, storage);
+    Py_DECREF(storage);
+    return known;
+}
+
 static PyObject *DeviceMemory_holds(DeviceMemoryObject *self, PyObject *tensor)
 {
-    PyObject *storage = storage_of(tensor);
-    int known;
-    if (storage == NULL)
-        return PyErr_Occurred() ? NULL : (Py_INCREF(Py_False), Py_False);
-    known = counted(self, storage);
-    Py_DECREF(storage);
+    int known = device_memory_holds((PyObject *)self, tensor);
     if (known < 0)
         return NULL;
     return PyBool_FromLong(known);
@@ -231,5 +246,6 @@ int device_memory_init_names(void)
 {
     untyped_storage_name = PyUnicode_InternFromString("untyped_storage");
     nbytes_name = PyUnicode_InternFromString("nbytes");
-    return untyped_storage_name != NULL && nbytes_name != NULL;
+    holds_name = PyUnicode_InternFromString("holds");
+    return untyped_storage_name != NULL && nbytes_name != NULL && holds_name != NULL;
 }

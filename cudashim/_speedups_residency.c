@@ -427,6 +427,193 @@ PyTypeObject StayType = {
     .tp_repr = wrapper_repr,
 };
 
+/* ------------------------------------------------------------------------------------ */
+/* SideDevice                                                                            */
+/* ------------------------------------------------------------------------------------ */
+
+/* Tensor.device where device memory is host memory (the twin of cudashim/patches/residency.py:
+ * _side_device): torch's device, as the device object of the side the tensor is known to be on.
+ * Read as often as a tensor is, so the common answer (a tensor of unknown side) costs torch's
+ * getter and one dict probe. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *real;           /* TensorBase.device, a getset descriptor */
+    PyObject *sides;          /* Residency.sides: id(tensor) -> (side, weak reference) */
+    PyObject *device;         /* the target's device object */
+    PyObject *host;           /* the program's torch.device("cpu") */
+    PyObject *device_side, *host_side, *pinned_side;
+    PyObject *parameter_type; /* torch.nn.Parameter: placed where its storage is found counted */
+    PyObject *memory;         /* the device memory (holds(tensor)), or None */
+    PyObject *place;          /* Residency.place(tensor, side) */
+    PyObject *doc;
+} SideDeviceObject;
+
+/* The side ``tensor`` is known to be on (borrowed), Py_None where not known, NULL with an error
+ * set: where a move placed it, else the device where the device memory counts its storage. A
+ * parameter found so is placed there, so its next read is the dict probe. */
+static PyObject *known_side(SideDeviceObject *self, PyObject *tensor)
+{
+    PyObject *key = PyLong_FromVoidPtr(tensor), *entry, *answer;
+    int yes;
+    if (key == NULL)
+        return NULL;
+    entry = PyDict_GetItemWithError(self->sides, key);           /* borrowed */
+    Py_DECREF(key);
+    if (entry != NULL)
+        return PyTuple_Check(entry) && PyTuple_GET_SIZE(entry) >= 1 ? PyTuple_GET_ITEM(entry, 0) : Py_None;
+    if (PyErr_Occurred())
+        return NULL;
+    if (self->memory == Py_None)
+        return Py_None;
+    yes = device_memory_holds(self->memory, tensor);
+    if (yes <= 0)
+        return yes < 0 ? NULL : Py_None;
+    if ((PyObject *)Py_TYPE(tensor) != self->parameter_type)
+        return self->device_side;
+    answer = PyObject_CallFunctionObjArgs(self->place, tensor, self->device_side, NULL);
+    if (answer == NULL)
+        return NULL;
+    Py_DECREF(answer);
+    return self->device_side;
+}
+
+static PyObject *SideDevice_get(SideDeviceObject *self, PyObject *obj, PyObject *type)
+{
+    PyObject *found, *side, *answer;
+    int in_host_memory;
+    if (obj == NULL || obj == Py_None) {
+        Py_INCREF(self);
+        return (PyObject *)self;
+    }
+    found = Py_TYPE(self->real)->tp_descr_get(self->real, obj, (PyObject *)Py_TYPE(obj));
+    if (found == NULL)
+        return NULL;
+    side = known_side(self, obj);
+    if (side == NULL) {
+        Py_DECREF(found);
+        return NULL;
+    }
+    if (side == self->device_side)
+        answer = self->device;
+    else if (side == self->host_side || side == self->pinned_side)
+        answer = self->host;
+    else
+        return found;
+    /* only while the tensor is in host memory (a module moved to "meta" keeps its objects) */
+    in_host_memory = PyObject_RichCompareBool(found, self->host, Py_EQ);
+    if (in_host_memory <= 0) {
+        if (in_host_memory < 0)
+            Py_CLEAR(found);
+        return found;
+    }
+    Py_DECREF(found);
+    Py_INCREF(answer);
+    return answer;
+}
+
+static int SideDevice_set(SideDeviceObject *self, PyObject *obj, PyObject *value)
+{
+    /* torch's own refusal, in torch's words */
+    return Py_TYPE(self->real)->tp_descr_set(self->real, obj, value);
+}
+
+static PyObject *SideDevice_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *keywords[] = {"real", "sides", "device", "host", "device_side", "host_side",
+                               "pinned_side", "parameter_type", "memory", "place", "doc", NULL};
+    PyObject *values[11];
+    SideDeviceObject *self;
+    int i;
+    values[10] = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!OOOOOOOO|O:SideDevice", keywords, &values[0],
+                                     &PyDict_Type, &values[1], &values[2], &values[3], &values[4],
+                                     &values[5], &values[6], &values[7], &values[8], &values[9],
+                                     &values[10]))
+        return NULL;
+    if (Py_TYPE(values[0])->tp_descr_get == NULL || Py_TYPE(values[0])->tp_descr_set == NULL) {
+        PyErr_SetString(PyExc_TypeError, "SideDevice: real must be a data descriptor");
+        return NULL;
+    }
+    self = (SideDeviceObject *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    for (i = 0; i < 11; i++)
+        Py_INCREF(values[i]);
+    self->real = values[0];
+    self->sides = values[1];
+    self->device = values[2];
+    self->host = values[3];
+    self->device_side = values[4];
+    self->host_side = values[5];
+    self->pinned_side = values[6];
+    self->parameter_type = values[7];
+    self->memory = values[8];
+    self->place = values[9];
+    self->doc = values[10];
+    return (PyObject *)self;
+}
+
+static int SideDevice_traverse(SideDeviceObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->real);
+    Py_VISIT(self->sides);
+    Py_VISIT(self->device);
+    Py_VISIT(self->host);
+    Py_VISIT(self->device_side);
+    Py_VISIT(self->host_side);
+    Py_VISIT(self->pinned_side);
+    Py_VISIT(self->parameter_type);
+    Py_VISIT(self->memory);
+    Py_VISIT(self->place);
+    Py_VISIT(self->doc);
+    return 0;
+}
+
+static int SideDevice_clear(SideDeviceObject *self)
+{
+    Py_CLEAR(self->real);
+    Py_CLEAR(self->sides);
+    Py_CLEAR(self->device);
+    Py_CLEAR(self->host);
+    Py_CLEAR(self->device_side);
+    Py_CLEAR(self->host_side);
+    Py_CLEAR(self->pinned_side);
+    Py_CLEAR(self->parameter_type);
+    Py_CLEAR(self->memory);
+    Py_CLEAR(self->place);
+    Py_CLEAR(self->doc);
+    return 0;
+}
+
+static void SideDevice_dealloc(SideDeviceObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    SideDevice_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef SideDevice_members[] = {
+    {"__doc__", T_OBJECT, offsetof(SideDeviceObject, doc), READONLY},
+    {NULL}
+};
+
+PyTypeObject SideDeviceType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "cudashim._speedups.SideDevice",
+    .tp_basicsize = sizeof(SideDeviceObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "SideDevice(real, sides, device, host, device_side, host_side, pinned_side, "
+              "parameter_type, memory, place, doc=None): Tensor.device as the device of the "
+              "side the tensor is known to be on",
+    .tp_new = SideDevice_new,
+    .tp_traverse = (traverseproc)SideDevice_traverse,
+    .tp_clear = (inquiry)SideDevice_clear,
+    .tp_dealloc = (destructor)SideDevice_dealloc,
+    .tp_descr_get = (descrgetfunc)SideDevice_get,
+    .tp_descr_set = (descrsetfunc)SideDevice_set,
+    .tp_members = SideDevice_members,
+};
+
 int residency_init_names(void)
 {
     device_name = PyUnicode_InternFromString("device");

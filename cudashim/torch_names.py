@@ -112,6 +112,9 @@ NAMES: Dict[str, Name] = {name.path: name for name in (
        "an ABC before torch 2.5, which dynamo checks streams against; later an alias of torch.Stream, or absent: nothing to register with"),
     _n("torch._streambase._EventBase", "backends.host", FALLBACK,
        "an ABC before torch 2.5, which dynamo checks events against; later an alias of torch.Event, or absent: nothing to register with"),
+    _n("torch.utils._device.DeviceContext", "residency", FALLBACK,
+       "a tensor made under `with torch.device(\"cuda\")` or set_default_device(\"cuda\") on the "
+       "CPU backend is not counted as device memory, and its side is not known"),
     # read directly, present in every release CI tests: a release without one is found by the
     # torch-range set (tests/test_torch_names.py) before a user meets it
     *(_n(path, reader, REQUIRED, why) for path, reader, why in (

@@ -101,14 +101,23 @@ class DeviceTranslator:
         CUDA spec, the parsed device otherwise. Cached, so ``torch.device("cpu")`` costs a
         lookup; while the report counts calls, every call is translated and counted."""
         translate, real_device = self.for_api(api), torch._C.device
+        named = self.named
 
         def device_named(spec):
             target = translate(spec)
-            return target if target is not spec else real_device(spec)
+            if target is not spec:
+                return target
+            # A spec left as it is ("cpu") names one object, counted or not: the moves tell the
+            # host's device from the target's by identity where both are the host (residency).
+            device = named.get(spec)
+            if device is None:
+                device = real_device(spec)
+                if len(named) < _CACHE_LIMIT:
+                    named[spec] = device
+            return device
 
         if self.report is not None:
-            return device_named
-        named = self.named
+            return device_named           # every call translated, and counted where it is
 
         def cached(spec):
             device = named.get(spec)
@@ -120,6 +129,10 @@ class DeviceTranslator:
 
         cached.named = named          # the compiled torch.device reads it directly
         return cached
+
+    def host_device(self) -> "torch.device":
+        """The device the program's ``torch.device("cpu")`` returns: one object for the run."""
+        return self.named.setdefault("cpu", torch._C.device("cpu"))
 
     def type_for(self, api: str) -> Callable[[Any], Any]:
         """A translator for device *type* strings ("cuda" -> the target's type); it counts

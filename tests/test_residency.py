@@ -54,8 +54,11 @@ def test_a_move_to_where_a_tensor_is_returns_it(shim):
     assert on_host is not on_device
     assert on_host.cpu() is on_host and on_host.to("cpu") is on_host
     assert on_host.to(torch.device("cpu")) is on_host
-    # a device read off a tensor does not say which side it means: torch's answer stands
+    # a device read off a tensor names the side the tensor is on
     assert on_device.to(on_device.device) is on_device and on_host.to(on_host.device) is on_host
+    assert on_host.to(on_device.device) is not on_host and on_device.to(on_host.device) is not on_device
+    unplaced = torch.ones(2) * 2            # an op's result: its side is not known
+    assert unplaced.to(unplaced.device) is unplaced and unplaced.to(on_host.device) is not unplaced
     # a conversion is torch's own new tensor, placed where it went
     half = on_host.to("cuda", torch.float16)
     assert half.dtype == torch.float16 and half.cuda() is half
@@ -187,18 +190,55 @@ def test_the_report_counts_the_copies_it_made(tmp_path):
     assert ["Tensor.cpu,", "a", "copy", "3"] in [line[:4] for line in lines], result.stderr
 
 
+def test_a_device_read_off_a_tensor_is_a_host_device_either_way(shim):
+    """Only the moves tell the target's device object from the program's torch.device("cpu"):
+    values, hashes, pickles, type checks and dict keys are torch's."""
+    import pickle
+    import torch
+    on_device = torch.ones(2).cuda()
+    on_host = on_device.cpu()
+    read = on_device.device
+    assert read is torch.device("cuda") and on_host.device is torch.device("cpu")
+    assert read == torch.device("cpu") and read.type == "cpu" and read.index is None
+    assert isinstance(read, torch.device) and {read: 1}[torch.device("cpu")] == 1
+    assert pickle.loads(pickle.dumps(read)) == read
+    assert torch.device(read) is read         # torch.device(x.device) names the same side
+    assert on_host.to(torch.device(read)) is not on_host
+    with pytest.raises(AttributeError, match="not writable"):
+        on_device.device = torch.device("cpu")
+    # a module moved off the host keeps its parameter objects: they answer where they are now
+    module = torch.nn.Linear(2, 2).cuda()
+    module.to("meta")
+    assert module.weight.device.type == "meta"
+
+
+def test_a_report_run_copies_as_a_plain_run(tmp_path):
+    """The report counts every torch.device() call, so its devices are made afresh each time:
+    the program's torch.device("cpu") is still one object, a move to it a copy."""
+    program = tmp_path / "moves.py"
+    program.write_text("import torch\ny = torch.ones(3, device='cuda')\nh = y.to(torch.device('cpu'))\n"
+                       "h.add_(1)\nz = torch.ones(3).to(y.device)\nz.add_(1)\n"
+                       "print(y.tolist(), torch.device('cpu') is torch.device('cpu'))\n")
+    for flags in ((), ("--report",)):
+        result = python("-m", "cudashim", *flags, str(program))
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.split() == ["[1.0,", "1.0,", "1.0]", "True"], (flags, result.stdout)
+
+
 def test_deactivation_restores_torch_own_moves():
-    result = python("-c", "import torch, cudashim\n"
+    result = python("-c", "import torch, torch.utils._device, cudashim\n"
                     "before = (torch.Tensor.to, torch.Tensor.cpu, torch.Tensor.cuda, torch.as_tensor, torch.asarray,"
                     " torch.Tensor.numpy, torch.Tensor.type, vars(torch.UntypedStorage).get('to'),"
                     " vars(torch.UntypedStorage).get('cpu'), torch.optim.Optimizer.load_state_dict,"
-                    " torch.nn.Module.to, torch.nn.Module.cuda, torch.nn.Module.cpu, torch.Tensor.pin_memory)\n"
+                    " torch.nn.Module.to, torch.nn.Module.cuda, torch.nn.Module.cpu, torch.Tensor.pin_memory,"
+                    " vars(torch.Tensor).get('device'), torch.utils._device.DeviceContext.__torch_function__)\n"
                     "cudashim.activate('cpu')\nx = torch.ones(2).cuda()\nx.numpy(force=True)\nx.untyped_storage().cpu()\n"
                     "cudashim.deactivate()\n"
                     "after = (torch.Tensor.to, torch.Tensor.cpu, torch.Tensor.cuda, torch.as_tensor, torch.asarray,"
                     " torch.Tensor.numpy, torch.Tensor.type, vars(torch.UntypedStorage).get('to'),"
                     " vars(torch.UntypedStorage).get('cpu'), torch.optim.Optimizer.load_state_dict,"
-                    " torch.nn.Module.to, torch.nn.Module.cuda, torch.nn.Module.cpu, torch.Tensor.pin_memory)\n"
+                    " torch.nn.Module.to, torch.nn.Module.cuda, torch.nn.Module.cpu, torch.Tensor.pin_memory,"
+                    " vars(torch.Tensor).get('device'), torch.utils._device.DeviceContext.__torch_function__)\n"
                     "assert before == after, (before, after)\nassert x.cpu() is x\nprint('restored')")
     assert result.returncode == 0 and "restored" in result.stdout, result.stderr
 

@@ -69,6 +69,7 @@ CALLS = [
                                                              d.to(d) is d))(t.cuda())),
     ("unplaced tensor moved", lambda t: (t.cuda() is t, t.to("cuda") is t, t.cpu() is t)),
     ("copies made by moves", lambda t: copies_made(t)),
+    ("devices read off tensors", lambda t: devices_read(t)),
     ("placed tensor moved under a function mode", lambda t: moved_under_a_mode(t.cuda())),
     ("placed tensor moved in a JIT trace", lambda t: traced_moves(t.cuda())),
     ("device cuda", lambda t: torch.device("cuda")),
@@ -132,6 +133,24 @@ def copies_made(host):
     del device, view, back
     seen += [torch.cuda.memory_allocated() - counted, len(sides) - known]
     return seen
+
+
+def devices_read(host):
+    """Which device object each tensor answers (the target's, the program's torch.device("cpu"),
+    or torch's own), and what moves to them return."""
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    device, copied = host.cuda(), host.cuda().cpu()
+    made = torch.zeros(2, device="cuda")
+    parameter = torch.nn.Parameter(torch.ones(2, device="cuda"))
+    module = torch.nn.Linear(2, 2).cuda()
+    module.to("meta")
+    answers = [(tensor.device is cuda, tensor.device is cpu, str(tensor.device))
+               for tensor in (device, copied, made, made[1:], parameter, parameter, host, host + 1,
+                              module.weight, copied.pin_memory())]
+    return answers + [host.to(device.device) is host, device.to(copied.device) is device,
+                      device.to(device.device) is device, copied.to(copied.device) is copied,
+                      host.to(host.device) is host, parameter.to(parameter.device) is parameter,
+                      device.device == cuda, device.device.type, hash(device.device) == hash(cpu)]
 
 
 def outcome(call, tensor):

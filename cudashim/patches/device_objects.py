@@ -32,6 +32,10 @@ def install(activation):
                 return device_named(spec)
             if spec.__class__ is int:
                 return translate(spec)              # torch.device(0): a CUDA index
+            if spec.__class__ is real_device:
+                # torch.device(x.device), and torch's own DeviceContext(device): the device
+                # itself, whose identity says which side it means where both are the host
+                return translate(spec)
         return translate(real_device(*args, **kwargs))
 
     # Compiled: torch.device("cuda") is one dict lookup, without a Python frame.

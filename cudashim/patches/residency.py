@@ -6,8 +6,12 @@ the target's device, which on the CPU backend is one device object (``backend.ta
 so a move to it is a move to the device. ``cudashim.residency`` decides what each returns.
 ``Tensor.cuda`` and pinning, which the ``tensors`` group patches, read ``activation.residency``.
 
-A destination read off a tensor (``t.to(other.device)``) is the host device either way: such a
-move keeps torch's answer, as a move within one side does on CUDA.
+``Tensor.device`` tells the two sides apart where torch cannot: a tensor known to be on the device
+answers the target's device object, one known to be on the host the program's ``torch.device("cpu")``,
+so a move to a device read off a tensor (``batch.to(model.device)``, ``x.to(weights.device)``) is
+a move to that side. The same value either way (a host device), so only the moves see the
+difference. A tensor of unknown side (an op's result) answers torch's own device object, and a
+move to it keeps torch's answer.
 """
 
 import functools
@@ -61,6 +65,8 @@ def install(activation):
             if residency.side_of(tensor) != DEVICE:       # device="cuda", pin_memory=True: the device's
                 residency.place(tensor, PINNED)
         activation.pinning = pinned
+    host_device = activation.translator.host_device()
+    _install_device_reading(activation, residency, host_device)
     side_of_spec = destination(backend, activation.translator)
     moved = residency.moved
     stay = compiled_stay(activation, residency)
@@ -126,6 +132,50 @@ def install(activation):
     _copy_loaded_optimizer_state(activation, residency)
     if residency.memory is not None:
         _count_what_optimizers_step(activation, residency.memory)
+        _count_what_device_contexts_make(activation, residency.memory)
+
+
+def _install_device_reading(activation, residency, host_device):
+    """``Tensor.device``: the device object of the side the tensor is known to be on (above).
+
+    Known by a move's placing, else by the device memory's count of its storage: a constructor's
+    device tensor (``torch.zeros(n, device="cuda")``), a view of device memory, a parameter made
+    around one (``nn.Linear(..., device="cuda")``, a model built under ``with torch.device("cuda")``),
+    a gradient or optimizer state counted at a step. Such a parameter is placed when first read,
+    so ``model.device`` costs a dict probe after."""
+    real = vars(torch._C.TensorBase)["device"]
+    device_object = activation.backend.target_device(None)
+    memory, compiled = residency.memory, activation.compiled
+    if compiled is not None:
+        reading = compiled.SideDevice(real, residency.sides, device_object, host_device, DEVICE, HOST,
+                                      PINNED, torch.nn.Parameter, memory, residency.place, real.__doc__)
+    else:
+        reading = property(_side_device(real, residency, device_object, host_device), real.__set__,
+                           doc=real.__doc__)         # the setter: torch's own refusal
+    activation.registry.set_attr(torch.Tensor, "device", reading)
+
+
+def _side_device(real, residency, device_object, host_device):
+    """The Python twin of ``cudashim._speedups.SideDevice``."""
+    real_device, sides, memory = real.__get__, residency.sides, residency.memory
+    Parameter, place = torch.nn.Parameter, residency.place
+
+    def device(self):
+        found = real_device(self)
+        entry = sides.get(id(self))
+        if entry is not None:
+            side = entry[0]
+        elif memory is not None and memory.holds(self):
+            if self.__class__ is Parameter:
+                place(self, DEVICE)
+            side = DEVICE
+        else:
+            return found
+        answer = device_object if side is DEVICE else host_device if side in (HOST, PINNED) else None
+        # only while the tensor is in host memory (a module moved to "meta" keeps its objects)
+        return answer if answer is not None and found == host_device else found
+
+    return device
 
 
 def compiled_stay(activation, residency):
@@ -247,3 +297,30 @@ def _count_what_optimizers_step(activation, memory):
 
     hook = register_optimizer_step_post_hook(stepped)
     activation.registry.add_undo("device memory counted at optimizer steps", hook.remove)
+
+
+def _count_what_device_contexts_make(activation, memory):
+    """A constructor under ``with torch.device("cuda")`` or ``torch.set_default_device("cuda")``
+    makes device memory: torch's device mode hands the device to torch's own constructor,
+    beneath the factories' patches, so its tensor is counted here (a model built on the device,
+    as gpt-fast and torchtitan build theirs)."""
+    context = torch_names.get("torch.utils._device.DeviceContext", None)
+    constructors = torch_names.get("torch.utils._device._device_constructors", None)
+    if context is None or constructors is None:
+        return
+    constructors, device_object = constructors(), activation.backend.target_device(None)
+    is_compiling, Tensor = torch.compiler.is_compiling, torch.Tensor
+
+    def make(original):
+        @functools.wraps(original)
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func not in constructors or self.device is not device_object or \
+                    (kwargs and kwargs.get("device") is not None):
+                return original(self, func, types, args, kwargs)
+            result = original(self, func, types, args, kwargs)
+            if isinstance(result, Tensor) and not is_compiling():
+                memory.add(result)
+            return result
+        return __torch_function__
+
+    activation.replace(context, "__torch_function__", make)

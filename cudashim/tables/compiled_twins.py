@@ -25,6 +25,8 @@ TWINS: Dict[str, Tuple[str, str]] = {          # type -> (its Python twin, what 
                      "the storages a program put on the device, where that is host memory"),
     "Stay": ("cudashim.patches.residency:install",
              "a move to where a move placed the tensor already, where device memory is host memory"),
+    "SideDevice": ("cudashim.patches.residency:_side_device",
+                   "Tensor.device as the device object of the side the tensor is known to be on"),
     "LengthGate": ("cudashim.patches.reductions:install",
                    "a norm or dot cudashim blocks past a length, called shorter"),
 }

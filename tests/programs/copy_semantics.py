@@ -273,5 +273,49 @@ flat_model.to(device)
 flat.add_(1)
 check("flat-buffer views stay views after module.to", torch.equal(flat_model.bias.detach(), flat[-4:]))
 
+# --- devices read off tensors --------------------------------------------------------------
+# the idiom of code that does not name its device: "wherever the model is" (transformers'
+# model.device is its first parameter's), "wherever that buffer is"
+allocated = torch.cuda.memory_allocated()
+with torch.device(device):
+    built_there = nn.Linear(8, 8)                  # a model built on the device, as gpt-fast builds
+check("a model built under torch.device('cuda') is device memory",
+      torch.cuda.memory_allocated() - allocated >= sum(p.nbytes for p in built_there.parameters()))
+model_device = next(built_there.parameters()).device
+check("a device read off a parameter built there is the device's",
+      model_device == torch.ones(1, device=device).device)
+staging = torch.empty(16, 8).pin_memory()
+arrived = []
+for inputs, _ in sources:
+    staging.copy_(inputs)
+    arrived.append(staging.to(model_device, non_blocking=True))
+torch.cuda.synchronize()
+check("a staging buffer moved to model.device", all(torch.equal(got.cpu(), inputs) for got, (inputs, _) in
+                                                     zip(arrived, sources)))
+labels = torch.arange(4.0)
+on_labels_device = labels.to(model[0].weight.device)          # a module moved with .cuda()
+on_labels_device.add_(1)
+check("to(weight.device) of a moved module copies", labels.tolist() == [0, 1, 2, 3])
+scratch = torch.zeros(4, device=device)
+moved = labels.to(scratch.device)
+moved.mul_(0)
+check("to(buffer.device) of a device buffer copies", labels.tolist() == [0, 1, 2, 3])
+allocated = torch.cuda.memory_allocated()
+workspace = torch.empty(1024, device=scratch.device)
+check("a tensor made on a device read off a tensor is device memory",
+      torch.cuda.memory_allocated() - allocated >= workspace.nbytes)
+# offloading that remembers where each tensor came from, and refills one host buffer
+resident = torch.ones(4, device=device)
+host_buffer, came_from = resident.cpu(), resident.device
+restored = host_buffer.to(came_from)
+host_buffer.fill_(5)
+check("a host buffer moved back to where it came from is copied", restored.cpu().tolist() == [1, 1, 1, 1])
+back_home = resident.to(host_buffer.device)
+back_home.fill_(3)
+check("to(host_tensor.device) of a device tensor copies", resident.cpu().tolist() == [1, 1, 1, 1])
+check("a move to the device a tensor is on returns it",
+      resident.to(resident.device) is resident and host_buffer.to(host_buffer.device) is host_buffer
+      and built_there.weight.to(model_device) is built_there.weight and labels.to(labels.device) is labels)
+
 with open(sys.argv[1], "w") as out:
     json.dump({"checks": checks, "losses": losses, "pinned": pinned}, out, indent=1)
