@@ -163,22 +163,26 @@ def test_a_move_by_a_tensors_device_written_in_place_is_named_where_host_memory_
         import torch
 
 
-        def apply(model, mask, scores):
-            mask = mask.to(model.weight.device)
+        def apply(model, mask, scores, logits):
+            mask = mask.to(logits.device)
             mask.masked_fill_(scores < 0, 0)
-            bias = scores.to(device=model.weight.device)
-            total = scores.to(model.weight.device, non_blocking=True)
+            bias = scores.to(device=logits.device)
+            total = scores.to(logits.device, non_blocking=True)
             total[0] = 0
-            kept = scores.to(model.weight.device)
+            kept = scores.to(logits.device)
             named = scores.to("cuda")
             named.add_(1)
-            return scores.to(model.weight.device).mul_(2), bias.sum(), kept + named, total
+            on_weights = scores.to(model.weight.device)
+            on_weights.add_(1)
+            on_parameters = scores.to(next(model.parameters()).device)
+            on_parameters.add_(1)
+            return scores.to(logits.device).mul_(2), bias.sum(), kept + named, total
         """))
     cpu = _scan(["masks.py"], cwd=tmp_path, monkeypatch=monkeypatch)
     moves = {f.line for f in cpu.findings if f.rule == "CS204"}
-    # written in place: by a method, by an item, in one chain; read only (bias, kept) or moved
-    # by name: no finding
-    assert moves == {5, 8, 13}
+    # written in place: by a method, by an item, in one chain; read only (bias, kept), moved by
+    # name, or to a parameter's device (whose side the CPU backend knows): no finding
+    assert moves == {5, 8, 17}
     assert all(f.kind == "runs differently" for f in cpu.findings if f.rule == "CS204")
     xpu = _scan(["masks.py"], backend="xpu", cwd=tmp_path, monkeypatch=monkeypatch)
     assert not [f for f in xpu.findings if f.rule == "CS204"]   # device memory of its own: a copy

@@ -221,13 +221,15 @@ class FileScanner(ast.NodeVisitor):
     # --- moves that CUDA makes copies --------------------------------------------------------
     def _moved_by_tensor_device(self, node: ast.AST) -> bool:
         """``x.to(y.device, ...)`` / ``x.to(device=y.device)``: a move whose destination is a
-        device read off a tensor (not a name, not a variable holding one)."""
+        device read off a tensor (not a name, not a variable holding one), unless that tensor is
+        plainly a parameter, whose side is known (``layer.weight.device``, ``model.bias.device``,
+        ``next(model.parameters()).device``)."""
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                 and node.func.attr == "to"):
             return False
         spec = node.args[0] if node.args else next(
             (k.value for k in node.keywords if k.arg == "device"), None)
-        return isinstance(spec, ast.Attribute) and spec.attr == "device"
+        return isinstance(spec, ast.Attribute) and spec.attr == "device" and not _a_parameter(spec.value)
 
     def _written_in_place(self, node: ast.AST) -> None:
         """A write into what ``node`` holds: where it is a move by a tensor's device, the
@@ -241,10 +243,12 @@ class FileScanner(ast.NodeVisitor):
         self.reported_moves.add(move)
         self._add(move, (DIFFERS, "a move to a device read off a tensor, then written in place: on "
                                   f"the {self.target.name} backend, whose device memory is host "
-                                  "memory, the move returns the tensor itself where CUDA copies "
+                                  "memory, a device read off an op's result does not say which side "
+                                  "it means, so the move returns the tensor itself where CUDA copies "
                                   "between host and device, and the write changes both",
-                         "move by name where the copy matters (.to('cuda'), .cuda(), .cpu()), "
-                         "or pass copy=True"), "move-by-tensor-device")
+                         "read the device off a parameter or a moved tensor, move by name where "
+                         "the copy matters (.to('cuda'), .cuda(), .cpu()), or pass copy=True"),
+                  "move-by-tensor-device")
 
     def visit_AnnAssign(self, node):
         if node.value is not None:
@@ -830,3 +834,13 @@ class _ReplaceLiteral(ast.NodeTransformer):
 
     def visit_Constant(self, node):
         return self.expression if node.value == self.literal else node
+
+
+def _a_parameter(node: ast.AST) -> bool:
+    """Whether ``node`` plainly reads a module's parameter: ``<x>.weight``, ``<x>.bias``, or
+    ``next(<x>.parameters())``."""
+    if isinstance(node, ast.Attribute):
+        return node.attr in ("weight", "bias")
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "next"
+            and len(node.args) == 1 and isinstance(node.args[0], ast.Call)
+            and isinstance(node.args[0].func, ast.Attribute) and node.args[0].func.attr == "parameters")

@@ -16,9 +16,12 @@ def attend(q, k, v):
 
 
 def padded(ids, model):
-    mask = ids.ne(0).to(model.embed.weight.device)  # scan: runs differently
+    hidden = model.embed(ids)
+    mask = ids.ne(0).to(hidden.device)  # scan: runs differently
     mask[:, 0] = True
-    return mask
+    on_weights = ids.ne(0).to(model.embed.weight.device)
+    on_weights[:, 0] = True
+    return mask & on_weights
 
 
 from flash_attn.ops.fused_dense import FusedDense  # scan: cannot run here
