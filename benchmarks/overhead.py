@@ -63,6 +63,8 @@ CALLS = [
     ("a.device (a of unknown side)", "+60 ns", "a.device", "a.device"),
     # untranslated calls through a patched function
     ('torch.zeros(4, device="cpu")', "+30 ns", 'torch.zeros(4, device="cpu")', 'torch.zeros(4, device="cpu")'),
+    # made like its argument: placed where that argument's device is the target's (one .device read)
+    ("torch.zeros_like(a) (a of unknown side)", "+60 ns", "torch.zeros_like(a)", "torch.zeros_like(a)"),
     ("torch.zeros(4)", "+30 ns", "torch.zeros(4)", "torch.zeros(4)"),
     ('torch.empty(4, device=cpu_device)', "+30 ns", "torch.empty(4, device=cpu_device)",
      "torch.empty(4, device=cpu_device)"),

@@ -96,10 +96,16 @@ typedef struct {
     /* Where not NULL: placed(result) after a call whose device argument, translated, is
      * device (a factory's tensor made on the device: cudashim/residency.py counts it). */
     PyObject *device, *placed;
+    /* Whether a call that names no device makes its tensor where its first argument is
+     * (``torch.zeros_like(x)``, ``x.new_zeros(n)``): placed where that argument's device is
+     * device (Tensor.device names the side, cudashim/patches/residency.py). */
+    int inherits;
     /* Where not NULL: pinned(result) after a call that passed pin_memory=True (a factory's
      * host tensor where the target cannot pin: cudashim/residency.py knows it as pinned). */
     PyObject *pinned;
 } RewriterObject;
+
+static PyObject *inherited_device_name;      /* interned "device", made with the first Rewriter */
 
 static int keyword_matches(PyObject *name, PyObject *keyword)
 {
@@ -129,7 +135,7 @@ static PyObject *Rewriter_vectorcall(RewriterObject *self, PyObject *const *args
     Py_ssize_t total = nargs + nkw, i;
     PyObject *small[SMALL_STACK + 1], **stack = NULL, *result;
     Py_ssize_t s;
-    int on_device = 0, on_pinned = 0;
+    int on_device = 0, on_pinned = 0, device_named = 0;
 
     for (s = 0; s < self->nslots; s++) {
         Slot *slot = &self->slots[s];
@@ -153,6 +159,8 @@ static PyObject *Rewriter_vectorcall(RewriterObject *self, PyObject *const *args
             continue;
         if (slot->pins && value == Py_True)
             on_pinned = 1;
+        if (!slot->pins)
+            device_named = 1;
         translated = translate_value(&slot->translation, value);
         if (translated == NULL)
             goto error;
@@ -182,6 +190,13 @@ static PyObject *Rewriter_vectorcall(RewriterObject *self, PyObject *const *args
     else
         result = PyObject_Vectorcall(self->original, stack, nargs | PY_VECTORCALL_ARGUMENTS_OFFSET,
                                      kwnames);
+    if (self->inherits && !device_named && nargs >= 1 && result != NULL && self->device != NULL) {
+        PyObject *source = PyObject_GetAttr(args[0], inherited_device_name);
+        if (source == NULL)
+            PyErr_Clear();                /* not a tensor: torch said what it made */
+        on_device = source == self->device;
+        Py_XDECREF(source);
+    }
     if (on_device && result != NULL) {
         PyObject *placed = PyObject_CallOneArg(self->placed, result);
         if (placed == NULL)
@@ -250,12 +265,16 @@ static void slot_clear(Slot *slot)
 
 static PyObject *Rewriter_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    static char *keywords[] = {"original", "slots", "device", "placed", "pinned", NULL};
+    static char *keywords[] = {"original", "slots", "device", "placed", "pinned", "inherits", NULL};
     PyObject *original, *slots, *device = NULL, *placed = NULL, *pinned = NULL;
     RewriterObject *self;
     Py_ssize_t n, i;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!|OOO:Rewriter", keywords, &original,
-                                     &PyTuple_Type, &slots, &device, &placed, &pinned))
+    int inherits = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!|OOOp:Rewriter", keywords, &original,
+                                     &PyTuple_Type, &slots, &device, &placed, &pinned, &inherits))
+        return NULL;
+    if (inherited_device_name == NULL &&
+            (inherited_device_name = PyUnicode_InternFromString("device")) == NULL)
         return NULL;
     if (device == Py_None && placed == Py_None)
         device = placed = NULL;
@@ -285,6 +304,7 @@ static PyObject *Rewriter_new(PyTypeObject *type, PyObject *args, PyObject *kwds
     self->placed = placed;
     Py_XINCREF(pinned);
     self->pinned = pinned;
+    self->inherits = inherits;
     self->vectorcall = (vectorcallfunc)Rewriter_vectorcall;
     self->slots = PyMem_Calloc(n, sizeof(Slot));
     if (self->slots == NULL) {
@@ -353,9 +373,10 @@ PyTypeObject RewriterType = {
     .tp_basicsize = sizeof(RewriterObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
                 Py_TPFLAGS_METHOD_DESCRIPTOR,
-    .tp_doc = "Rewriter(original, slots, device=None, placed=None, pinned=None): original with its device\n"
-             "arguments translated; each slot is (position or None, keyword, classes or None, translate,\n"
-             "cache, indices, unchanged); placed(result) after a call whose translated device is device,\n"
+    .tp_doc = "Rewriter(original, slots, device=None, placed=None, pinned=None, inherits=False): original\n"
+             "with its device arguments translated; each slot is (position or None, keyword, classes or None,\n"
+             "translate, cache, indices, unchanged); placed(result) after a call whose translated device is\n"
+             "device (inherits: or that names none, where its first argument's device is device),\n"
              "pinned(result) after one that passed pin_memory=True",
     .tp_new = Rewriter_new,
     .tp_traverse = (traverseproc)Rewriter_traverse,

@@ -70,6 +70,7 @@ CALLS = [
     ("unplaced tensor moved", lambda t: (t.cuda() is t, t.to("cuda") is t, t.cpu() is t)),
     ("copies made by moves", lambda t: copies_made(t)),
     ("devices read off tensors", lambda t: devices_read(t)),
+    ("made like a tensor", lambda t: made_like(t)),
     ("placed tensor moved under a function mode", lambda t: moved_under_a_mode(t.cuda())),
     ("placed tensor moved in a JIT trace", lambda t: traced_moves(t.cuda())),
     ("device cuda", lambda t: torch.device("cuda")),
@@ -151,6 +152,21 @@ def devices_read(host):
                       device.to(device.device) is device, copied.to(copied.device) is copied,
                       host.to(host.device) is host, parameter.to(parameter.device) is parameter,
                       device.device == cuda, device.device.type, hash(device.device) == hash(cpu)]
+
+
+def made_like(host):
+    """Which tensors made like another are device memory (the count's growth) and answer the
+    target's device: those made like a device tensor with no device named."""
+    device, cuda = host.cuda(), torch.device("cuda")
+    seen, kept = [], []
+    for make in (lambda: torch.zeros_like(device), lambda: torch.ones_like(device, dtype=torch.float64),
+                 lambda: device.new_zeros(5), lambda: device.new_tensor([1.0, 2.0]),
+                 lambda: torch.zeros_like(host), lambda: host.new_ones(5),
+                 lambda: torch.zeros_like(device, device="cpu"), lambda: host.new_zeros(5, device="cuda")):
+        before = torch.cuda.memory_allocated()
+        kept.append(make())
+        seen.append((kept[-1].device is cuda, torch.cuda.memory_allocated() - before, kept[-1].tolist()))
+    return seen
 
 
 def outcome(call, tensor):

@@ -50,7 +50,7 @@ def _declaration(owner, name):
     arguments = [Argument(DEVICE)]
     if "pin_memory" in (parameters_of(getattr(owner, name)) or ()):
         arguments.append(Argument(PIN_MEMORY, "pin_memory"))
-    return Rewrite(f"{owner.__name__}:{name}", tuple(arguments), places=True)
+    return Rewrite(f"{owner.__name__}:{name}", tuple(arguments), places=True, inherits=name.endswith("_like"))
 
 
 REWRITES = (

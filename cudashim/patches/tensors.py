@@ -26,7 +26,8 @@ REWRITES = (
     # which translates).
     rewrite("torch._C._nn:_parse_to", DEVICE, position=0, compiled=False),
     # the constructors a tensor has: pin_memory as torch's own constructors take it
-    *(Rewrite(f"torch:Tensor.{name}", (Argument(DEVICE), Argument(PIN_MEMORY, "pin_memory")), places=True)
+    *(Rewrite(f"torch:Tensor.{name}", (Argument(DEVICE), Argument(PIN_MEMORY, "pin_memory")), places=True,
+              inherits=True)
       for name in ("new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full", "new_tensor")),
     rewrite("torch:TypedStorage.to", DEVICE),
     rewrite("torch:UntypedStorage.to", DEVICE),

@@ -139,6 +139,10 @@ class Rewrite(NamedTuple):
     # True: a tensor the call makes on the target's device goes to ``activation.placing``
     # (a constructor's device is a keyword: the one read).
     places: bool = False
+    # True: a call that names no device makes its tensor where its first argument is
+    # (``torch.zeros_like(x)``, ``x.new_zeros(n)``), so it is placed where that argument's
+    # device is the target's (``Tensor.device`` names the side where device memory is host memory).
+    inherits: bool = False
 
     @property
     def module(self) -> str:
@@ -204,7 +208,7 @@ def rewritten(activation, declaration: Rewrite, original):
         keyword == "pin_memory" for _, keyword, _, _, _ in slots) else None
     compiled_original = original
     if placing is not None:
-        original = _placing(original, *placing)
+        original = _placing(original, *placing, inherits=declaration.inherits)
     if len(slots) == 1 and slots[0][4] is NOTHING:
         function = _one_argument(original, *slots[0][:4])
     elif all(position is None and missing is NOTHING for position, _, _, _, missing in slots):
@@ -216,7 +220,8 @@ def rewritten(activation, declaration: Rewrite, original):
     function = functools.wraps(original)(function)
     if activation.compiled is None or not declaration.compiled:
         return function
-    return compiled_twin(_compiled(activation, compiled_original, slots, placing, pinning), function)
+    return compiled_twin(_compiled(activation, compiled_original, slots, placing, pinning,
+                                   declaration.inherits), function)
 
 
 def compiled_twin(compiled, python):
@@ -265,14 +270,15 @@ def _signature_position(original, parameter: str) -> Optional[int]:
     return None
 
 
-def _compiled(activation, original, slots, placing=None, pinning=None):
+def _compiled(activation, original, slots, placing=None, pinning=None, inherits=False):
     """The compiled twin of ``_one_argument`` and ``_keywords_only``: the same rewriting,
     without a Python frame, reading the translator's caches directly."""
     translation = activation.translator.compiled_translation
     device, placed = placing or (None, None)
     return activation.compiled.Rewriter(original, tuple(
         (position, keyword, classes, *translation(translate))
-        for position, keyword, translate, classes, _ in slots), device, placed, pinning)
+        for position, keyword, translate, classes, _ in slots), device, placed, pinning,
+        inherits and placed is not None)
 
 
 def _pinning(function, pinned):
@@ -289,17 +295,21 @@ def _pinning(function, pinned):
     return pinning
 
 
-def _placing(original, device, place):
+def _placing(original, device, place, inherits=False):
     """``original``, handing ``place`` the tensor it makes where its translated device is
-    ``device``. Beneath the rewriting, so it sees the device the rewrite made; not while
+    ``device`` (``inherits``: or where it names none and its first argument's device is
+    ``device``). Beneath the rewriting, so it sees the device the rewrite made; not while
     torch.compile traces (a graph records no placement)."""
     is_compiling = torch.compiler.is_compiling
 
     @functools.wraps(original)
     def placing(*args, **kwargs):
         result = original(*args, **kwargs)
-        if kwargs.get("device") is device and not is_compiling():
-            place(result)
+        named = kwargs.get("device")
+        if named is device or (inherits and named is None and args and
+                               getattr(args[0], "device", None) is device):
+            if not is_compiling():
+                place(result)
         return result
     return placing
 

@@ -304,6 +304,20 @@ allocated = torch.cuda.memory_allocated()
 workspace = torch.empty(1024, device=scratch.device)
 check("a tensor made on a device read off a tensor is device memory",
       torch.cuda.memory_allocated() - allocated >= workspace.nbytes)
+# buffers made like a device tensor (gradient accumulators, an EMA's shadow, a mask grown by
+# new_ones) are on the device: device memory, and a move to their device a copy
+allocated = torch.cuda.memory_allocated()
+accumulators = [torch.zeros_like(p) for p in built_there.parameters()]
+grown = scratch.new_ones(256)
+check("buffers made like a device tensor are device memory", torch.cuda.memory_allocated() - allocated
+      >= sum(a.nbytes for a in accumulators) + grown.nbytes)
+moved = labels.to(accumulators[0].device)
+moved.add_(1)
+check("to(zeros_like(weight).device) copies", labels.tolist() == [0, 1, 2, 3])
+allocated = torch.cuda.memory_allocated()
+host_like = [torch.zeros_like(labels), labels.new_zeros(1024), torch.ones_like(scratch, device="cpu")]
+check("a buffer made like a host tensor is not device memory", torch.cuda.memory_allocated() == allocated)
+
 # offloading that remembers where each tensor came from, and refills one host buffer
 resident = torch.ones(4, device=device)
 host_buffer, came_from = resident.cpu(), resident.device
