@@ -231,14 +231,16 @@ def test_deactivation_restores_torch_own_moves():
                     " torch.Tensor.numpy, torch.Tensor.type, vars(torch.UntypedStorage).get('to'),"
                     " vars(torch.UntypedStorage).get('cpu'), torch.optim.Optimizer.load_state_dict,"
                     " torch.nn.Module.to, torch.nn.Module.cuda, torch.nn.Module.cpu, torch.Tensor.pin_memory,"
-                    " vars(torch.Tensor).get('device'), torch.utils._device.DeviceContext.__torch_function__)\n"
+                    " vars(torch.Tensor).get('device'), torch.utils._device.DeviceContext.__torch_function__,"
+                    " torch.Tensor.__deepcopy__, torch.nn.Parameter.__deepcopy__)\n"
                     "cudashim.activate('cpu')\nx = torch.ones(2).cuda()\nx.numpy(force=True)\nx.untyped_storage().cpu()\n"
                     "cudashim.deactivate()\n"
                     "after = (torch.Tensor.to, torch.Tensor.cpu, torch.Tensor.cuda, torch.as_tensor, torch.asarray,"
                     " torch.Tensor.numpy, torch.Tensor.type, vars(torch.UntypedStorage).get('to'),"
                     " vars(torch.UntypedStorage).get('cpu'), torch.optim.Optimizer.load_state_dict,"
                     " torch.nn.Module.to, torch.nn.Module.cuda, torch.nn.Module.cpu, torch.Tensor.pin_memory,"
-                    " vars(torch.Tensor).get('device'), torch.utils._device.DeviceContext.__torch_function__)\n"
+                    " vars(torch.Tensor).get('device'), torch.utils._device.DeviceContext.__torch_function__,"
+                    " torch.Tensor.__deepcopy__, torch.nn.Parameter.__deepcopy__)\n"
                     "assert before == after, (before, after)\nassert x.cpu() is x\nprint('restored')")
     assert result.returncode == 0 and "restored" in result.stdout, result.stderr
 

@@ -20,7 +20,7 @@ import torch
 
 from .. import torch_names
 from ..patching.rewriter import compiled_twin
-from ..residency import DEVICE, HOST, PINNED, Residency
+from ..residency import DEVICE, HOST, PINNED, Residency, plain_dense
 
 
 def destination(backend, translator):
@@ -128,6 +128,7 @@ def install(activation):
     activation.replace(torch.Tensor, "numpy", make_numpy)
     activation.replace(torch.Tensor, "cpu", make_cpu)
     _install_storage_moves(activation, residency, side_of_spec)
+    _place_deep_copies(activation, residency, host_device)
     _install_module_moves(activation, residency, side_of_spec)
     _copy_loaded_optimizer_state(activation, residency)
     if residency.memory is not None:
@@ -208,6 +209,30 @@ def compiled_stay(activation, residency):
 def beneath(activation, owner, name, make):
     """``make(torch's function)`` for the rewrite of ``owner.name`` to wrap."""
     activation.beneath[vars(owner).get(name, getattr(owner, name))] = make
+
+
+def _place_deep_copies(activation, residency, host_device):
+    """``copy.deepcopy`` of a tensor or parameter is where the original is, as on CUDA: an EMA
+    model (``deepcopy(model)``), the best weights kept as ``deepcopy(model.state_dict())``. So a
+    copy of a device tensor is device memory, counted and known on the device, and a copy of a
+    host copy is known on the host."""
+    device_object = activation.backend.target_device(None)
+
+    def make(original):
+        @functools.wraps(original)
+        def __deepcopy__(self, memo):
+            result = original(self, memo)
+            if result is not self and plain_dense(result):
+                side = self.device
+                if side is device_object:
+                    residency.place(result, DEVICE)
+                elif side is host_device:
+                    residency.place(result, HOST)
+            return result
+        return __deepcopy__
+
+    activation.replace(torch.Tensor, "__deepcopy__", make)
+    activation.replace(torch.nn.Parameter, "__deepcopy__", make)
 
 
 def _install_storage_moves(activation, residency, side_of_spec):

@@ -318,6 +318,18 @@ allocated = torch.cuda.memory_allocated()
 host_like = [torch.zeros_like(labels), labels.new_zeros(1024), torch.ones_like(scratch, device="cpu")]
 check("a buffer made like a host tensor is not device memory", torch.cuda.memory_allocated() == allocated)
 
+# an EMA model and best weights kept by deepcopy are where the model is: on the device
+allocated = torch.cuda.memory_allocated()
+ema_model = copy.deepcopy(built_there)
+best_weights = copy.deepcopy(built_there.state_dict())
+check("deepcopy of a device model and its state_dict is device memory", torch.cuda.memory_allocated()
+      - allocated >= 2 * sum(p.nbytes for p in built_there.parameters()))
+moved = labels.to(next(ema_model.parameters()).device)
+moved.add_(1)
+check("to(the device of an EMA copy's weights) copies", labels.tolist() == [0, 1, 2, 3])
+host_snapshot = copy.deepcopy(scratch.cpu())
+check("deepcopy of a host copy stays on the host", host_snapshot.cpu() is host_snapshot)
+
 # offloading that remembers where each tensor came from, and refills one host buffer
 resident = torch.ones(4, device=device)
 host_buffer, came_from = resident.cpu(), resident.device
