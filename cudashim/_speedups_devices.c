@@ -96,16 +96,14 @@ typedef struct {
     /* Where not NULL: placed(result) after a call whose device argument, translated, is
      * device (a factory's tensor made on the device: cudashim/residency.py counts it). */
     PyObject *device, *placed;
-    /* Whether a call that names no device makes its tensor where its first argument is
-     * (``torch.zeros_like(x)``, ``x.new_zeros(n)``): placed where that argument's device is
-     * device (Tensor.device names the side, cudashim/patches/residency.py). */
-    int inherits;
+    /* Where not NULL, a call that names no device makes its tensor where its first argument
+     * is (``torch.zeros_like(x)``, ``x.new_zeros(n)``): placed(result) where this device memory
+     * holds that argument's storage (a DeviceMemory is asked in C). */
+    PyObject *memory;
     /* Where not NULL: pinned(result) after a call that passed pin_memory=True (a factory's
      * host tensor where the target cannot pin: cudashim/residency.py knows it as pinned). */
     PyObject *pinned;
 } RewriterObject;
-
-static PyObject *inherited_device_name;      /* interned "device", made with the first Rewriter */
 
 static int keyword_matches(PyObject *name, PyObject *keyword)
 {
@@ -190,12 +188,11 @@ static PyObject *Rewriter_vectorcall(RewriterObject *self, PyObject *const *args
     else
         result = PyObject_Vectorcall(self->original, stack, nargs | PY_VECTORCALL_ARGUMENTS_OFFSET,
                                      kwnames);
-    if (self->inherits && !device_named && nargs >= 1 && result != NULL && self->device != NULL) {
-        PyObject *source = PyObject_GetAttr(args[0], inherited_device_name);
-        if (source == NULL)
-            PyErr_Clear();                /* not a tensor: torch said what it made */
-        on_device = source == self->device;
-        Py_XDECREF(source);
+    if (self->memory != NULL && !device_named && nargs >= 1 && result != NULL) {
+        int yes = device_memory_holds(self->memory, args[0]);
+        if (yes < 0)
+            Py_CLEAR(result);
+        on_device = yes > 0;
     }
     if (on_device && result != NULL) {
         PyObject *placed = PyObject_CallOneArg(self->placed, result);
@@ -265,17 +262,15 @@ static void slot_clear(Slot *slot)
 
 static PyObject *Rewriter_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    static char *keywords[] = {"original", "slots", "device", "placed", "pinned", "inherits", NULL};
-    PyObject *original, *slots, *device = NULL, *placed = NULL, *pinned = NULL;
+    static char *keywords[] = {"original", "slots", "device", "placed", "pinned", "memory", NULL};
+    PyObject *original, *slots, *device = NULL, *placed = NULL, *pinned = NULL, *memory = NULL;
     RewriterObject *self;
     Py_ssize_t n, i;
-    int inherits = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!|OOOp:Rewriter", keywords, &original,
-                                     &PyTuple_Type, &slots, &device, &placed, &pinned, &inherits))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!|OOOO:Rewriter", keywords, &original,
+                                     &PyTuple_Type, &slots, &device, &placed, &pinned, &memory))
         return NULL;
-    if (inherited_device_name == NULL &&
-            (inherited_device_name = PyUnicode_InternFromString("device")) == NULL)
-        return NULL;
+    if (memory == Py_None)
+        memory = NULL;
     if (device == Py_None && placed == Py_None)
         device = placed = NULL;
     if (pinned == Py_None)
@@ -286,6 +281,10 @@ static PyObject *Rewriter_new(PyTypeObject *type, PyObject *args, PyObject *kwds
     }
     if ((device == NULL) != (placed == NULL) || (placed != NULL && !PyCallable_Check(placed))) {
         PyErr_SetString(PyExc_TypeError, "Rewriter takes a device and a callable placed, or neither");
+        return NULL;
+    }
+    if (memory != NULL && placed == NULL) {
+        PyErr_SetString(PyExc_TypeError, "Rewriter's memory needs placed");
         return NULL;
     }
     n = PyTuple_GET_SIZE(slots);
@@ -304,7 +303,8 @@ static PyObject *Rewriter_new(PyTypeObject *type, PyObject *args, PyObject *kwds
     self->placed = placed;
     Py_XINCREF(pinned);
     self->pinned = pinned;
-    self->inherits = inherits;
+    Py_XINCREF(memory);
+    self->memory = memory;
     self->vectorcall = (vectorcallfunc)Rewriter_vectorcall;
     self->slots = PyMem_Calloc(n, sizeof(Slot));
     if (self->slots == NULL) {
@@ -330,6 +330,7 @@ static int Rewriter_traverse(RewriterObject *self, visitproc visit, void *arg)
     Py_VISIT(self->dict);
     Py_VISIT(self->device);
     Py_VISIT(self->placed);
+    Py_VISIT(self->memory);
     Py_VISIT(self->pinned);
     for (s = 0; s < self->nslots; s++) {
         Py_VISIT(self->slots[s].classes);
@@ -345,6 +346,7 @@ static int Rewriter_clear(RewriterObject *self)
     Py_CLEAR(self->dict);
     Py_CLEAR(self->device);
     Py_CLEAR(self->placed);
+    Py_CLEAR(self->memory);
     Py_CLEAR(self->pinned);
     for (s = 0; s < self->nslots; s++)
         slot_clear(&self->slots[s]);
@@ -373,10 +375,10 @@ PyTypeObject RewriterType = {
     .tp_basicsize = sizeof(RewriterObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
                 Py_TPFLAGS_METHOD_DESCRIPTOR,
-    .tp_doc = "Rewriter(original, slots, device=None, placed=None, pinned=None, inherits=False): original\n"
+    .tp_doc = "Rewriter(original, slots, device=None, placed=None, pinned=None, memory=None): original\n"
              "with its device arguments translated; each slot is (position or None, keyword, classes or None,\n"
              "translate, cache, indices, unchanged); placed(result) after a call whose translated device is\n"
-             "device (inherits: or that names none, where its first argument's device is device),\n"
+             "device (or that names none, where memory.holds(its first argument)),\n"
              "pinned(result) after one that passed pin_memory=True",
     .tp_new = Rewriter_new,
     .tp_traverse = (traverseproc)Rewriter_traverse,

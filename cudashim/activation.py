@@ -47,8 +47,9 @@ class Activation:
     # torch's function -> make(function): what a rewrite of it wraps in torch's place, so that a
     # group's change beneath the device translation is still one patch of that name
     beneath: dict = dataclasses.field(default_factory=dict)
-    # (the target's device object, place(tensor)): what a constructor's tensor made on the
-    # device is handed to, where a group keeps track of them (patches/residency.py)
+    # (the target's device object, place(tensor), memory): what a constructor's tensor made on
+    # the device is handed to, where a group keeps track of them, and the device memory whose
+    # holds(tensor) says whether a tensor made like another is on the device (patches/residency.py)
     placing: Any = None
     # pinned(tensor): what a constructor's tensor made with pin_memory=True is handed to, where
     # the target cannot pin and a group keeps track of pinned host memory (patches/residency.py)

@@ -53,10 +53,14 @@ def install(activation):
         memory = backend.device_memory = activation.compiled.DeviceMemory()
     residency = Residency(activation.count if activation.reporting else None, memory)
     activation.residency = residency
+    host_device = activation.translator.host_device()
+    _install_device_reading(activation, residency, host_device)
     if memory is not None:
         # A constructor's tensor made on the device (``torch.zeros(n, device="cuda")``) is device
-        # memory: counted, and so on the device for the moves (``Residency.side_of``).
-        activation.placing = (backend.target_device(None), memory.add)
+        # memory: counted, and so on the device for the moves (``Residency.side_of``); so is one
+        # made like a tensor whose storage is counted (``torch.zeros_like(weight)``): every
+        # tensor a move or a constructor put on the device is.
+        activation.placing = (backend.target_device(None), memory.add, memory)
     if not backend.can_pin_memory():
         # torch.empty(n, pin_memory=True): host memory is the target's, so the tensor is made
         # unpinned (torch refuses to pin without an accelerator) and known as pinned, as
@@ -65,8 +69,6 @@ def install(activation):
             if residency.side_of(tensor) != DEVICE:       # device="cuda", pin_memory=True: the device's
                 residency.place(tensor, PINNED)
         activation.pinning = pinned
-    host_device = activation.translator.host_device()
-    _install_device_reading(activation, residency, host_device)
     side_of_spec = destination(backend, activation.translator)
     moved = residency.moved
     stay = compiled_stay(activation, residency)

@@ -274,11 +274,11 @@ def _compiled(activation, original, slots, placing=None, pinning=None, inherits=
     """The compiled twin of ``_one_argument`` and ``_keywords_only``: the same rewriting,
     without a Python frame, reading the translator's caches directly."""
     translation = activation.translator.compiled_translation
-    device, placed = placing or (None, None)
+    device, placed, memory = placing or (None, None, None)
     return activation.compiled.Rewriter(original, tuple(
         (position, keyword, classes, *translation(translate))
         for position, keyword, translate, classes, _ in slots), device, placed, pinning,
-        inherits and placed is not None)
+        memory if inherits else None)
 
 
 def _pinning(function, pinned):
@@ -295,19 +295,18 @@ def _pinning(function, pinned):
     return pinning
 
 
-def _placing(original, device, place, inherits=False):
+def _placing(original, device, place, memory, inherits=False):
     """``original``, handing ``place`` the tensor it makes where its translated device is
-    ``device`` (``inherits``: or where it names none and its first argument's device is
-    ``device``). Beneath the rewriting, so it sees the device the rewrite made; not while
-    torch.compile traces (a graph records no placement)."""
+    ``device`` (``inherits``: or where it names none and ``memory`` holds its first argument).
+    Beneath the rewriting, so it sees the device the rewrite made; not while torch.compile
+    traces (a graph records no placement)."""
     is_compiling = torch.compiler.is_compiling
 
     @functools.wraps(original)
     def placing(*args, **kwargs):
         result = original(*args, **kwargs)
         named = kwargs.get("device")
-        if named is device or (inherits and named is None and args and
-                               getattr(args[0], "device", None) is device):
+        if named is device or (inherits and named is None and args and memory.holds(args[0])):
             if not is_compiling():
                 place(result)
         return result
