@@ -330,6 +330,21 @@ check("to(the device of an EMA copy's weights) copies", labels.tolist() == [0, 1
 host_snapshot = copy.deepcopy(scratch.cpu())
 check("deepcopy of a host copy stays on the host", host_snapshot.cpu() is host_snapshot)
 
+# a checkpoint read onto the device, in the map_location forms programs write
+saved = io.BytesIO()
+torch.save({"w": torch.randn(64, 64)}, saved)
+loaded = []
+for name, location in (('"cuda"', "cuda"), ('torch.device("cuda")', torch.device("cuda")),
+                       ("model.device", model_device), ('{"cpu": "cuda"}', {"cpu": "cuda"})):
+    saved.seek(0)
+    allocated = torch.cuda.memory_allocated()
+    loaded.append(torch.load(saved, map_location=location)["w"])
+    check(f"torch.load(map_location={name}) is device memory",
+          torch.cuda.memory_allocated() - allocated >= loaded[-1].nbytes)
+moved = labels.to(loaded[0].device)
+moved.add_(1)
+check("to(a loaded tensor's device) copies", labels.tolist() == [0, 1, 2, 3])
+
 # offloading that remembers where each tensor came from, and refills one host buffer
 resident = torch.ones(4, device=device)
 host_buffer, came_from = resident.cpu(), resident.device
