@@ -6,6 +6,7 @@ results go to the JSON file named by the first argument.
 """
 
 import copy
+import gc
 import io
 import json
 import sys
@@ -337,6 +338,8 @@ loaded = []
 for name, location in (('"cuda"', "cuda"), ('torch.device("cuda")', torch.device("cuda")),
                        ("model.device", model_device), ('{"cpu": "cuda"}', {"cpu": "cuda"})):
     saved.seek(0)
+    gc.collect()              # garbage of earlier idioms freed now, not during the load measured
+    torch.cuda.synchronize()
     allocated = torch.cuda.memory_allocated()
     loaded.append(torch.load(saved, map_location=location)["w"])
     check(f"torch.load(map_location={name}) is device memory",
