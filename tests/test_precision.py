@@ -358,6 +358,46 @@ def test_inference_in_bfloat16_reuses_its_conversion_buffers_without_touching_ea
     assert 0 < _SCRATCH.held <= _SCRATCH.budget                     # kept for the next call
 
 
+def test_heads_split_off_a_fused_projection_give_attention_laid_out_as_torchs_own(speeds):
+    """q, k and v split off one fused projection and turned to (batch, head, position), as GPT
+    and Llama code splits them, are neither dense nor row-major. Computed in bfloat16, the
+    attention is what the same call on bfloat16 copies gives, laid out as torch's own float16
+    call lays it out (batch, position, head: the program's ``transpose(1, 2)`` then needs no
+    copy), and rounded to float16 where it lies, no view of a buffer."""
+    torch.manual_seed(0)
+    qkv = torch.randn(2, 16, 3 * 64).half()
+    q, k, v = (t.view(2, 16, 4, 16).transpose(1, 2) for t in qkv.split(64, dim=2))
+    attention = lambda *t: F.scaled_dot_product_attention(*t, is_causal=True)   # noqa: E731
+    torchs = attention(q, k, v)
+    expected = _by_hand_in_bfloat16(attention, q, k, v)
+    _bfloat16_products(speeds)
+    with torch.no_grad():
+        ours = attention(q, k, v)
+        again = attention(q, k, v)                  # from the kept buffers
+    assert torchs.stride() != q.contiguous().stride()          # what the layout test can tell
+    for result in (ours, again):
+        assert result.dtype == HALF and result.stride() == torchs.stride() and result._base is None
+        assert torch.equal(result, expected)
+    assert ours.untyped_storage().data_ptr() != again.untyped_storage().data_ptr()
+    assert _counted("torch.nn.functional.scaled_dot_product_attention") == "float16 computed in bfloat16"
+
+
+def test_a_tensor_is_dense_in_any_order_of_its_dimensions_and_staged_as_empty_like_lays_it_out():
+    """The compiled conversion takes a tensor whose elements fill its memory in any order of
+    its dimensions; one with gaps or overlaps is staged first, in the layout torch's
+    ``empty_like`` gives a copy of it."""
+    from cudashim.kernels.native import dense, dense_strides
+    x = torch.empty(2, 3, 4, 5)
+    for laid_out in (x, x.permute(0, 2, 1, 3), x.transpose(0, 3), x[:1], x[:1].transpose(1, 3),
+                     x.contiguous(memory_format=torch.channels_last), torch.empty(0, 3)):
+        assert dense(laid_out)
+    gapped = (x[:, :, :2], x[:, :, :1], x[..., ::2], x.permute(0, 2, 1, 3)[:, 1:], torch.empty(3, 1).expand(3, 4),
+              torch.empty(2, 16, 192).split(64, dim=2)[1].view(2, 16, 4, 16).transpose(1, 2))
+    for staged in gapped:
+        assert not dense(staged)
+        assert dense_strides(staged) == torch.empty_like(staged).stride(), staged.stride()
+
+
 def test_inference_without_no_grad_lends_buffers_only_to_calls_that_record_nothing(speeds):
     """Gradients on but no operand requiring one (inference written without no_grad): the
     operands go through the kept buffers, and every result is its own; a call whose weight

@@ -381,10 +381,16 @@ def test_compiled_conversions_between_float16_and_bfloat16_give_torchs_values(so
     ours = native.reduced_converted(channels_last, target)
     assert ours.is_contiguous(memory_format=torch.channels_last)
     assert _same_values(ours, channels_last.to(target))
-    # a head of a fused projection: neither row-major nor channels-last, converted row-major
+    # a head of a fused projection, with gaps between its rows: converted into the layout
+    # torch's own conversion gives it (dense, in the order its dimensions lie in memory)
     heads = every[:4 * 16 * 3 * 32].reshape(4, 16, 3 * 32)[..., 32:64].view(4, 16, 2, 16).transpose(1, 2)
     ours = native.reduced_converted(heads, target)
-    assert ours.is_contiguous() and _same_values(ours, heads.to(target))
+    assert not ours.is_contiguous() and ours.stride() == heads.to(target).stride()
+    assert _same_values(ours, heads.to(target))
+    # attention's output, dense in another order of its dimensions: converted as it lies
+    permuted = every[:4 * 16 * 32].reshape(4, 16, 2, 16).transpose(1, 2)
+    ours = native.reduced_converted(permuted, target)
+    assert ours.stride() == permuted.stride() and _same_values(ours, permuted.to(target))
     assert native.reduced_converted(heads, target, out=torch.empty(heads.shape, dtype=target)) is None
 
 

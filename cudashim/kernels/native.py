@@ -298,9 +298,33 @@ def _convertible(x: torch.Tensor, dtype: torch.dtype) -> bool:
 
 
 def dense(x: torch.Tensor) -> bool:
-    """Whether ``x``'s elements fill its memory in an order the conversion can take whole:
-    row-major or channels-last."""
-    return x.is_contiguous() or (x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last))
+    """Whether ``x``'s elements fill the memory from its first one without gap or overlap, in
+    some order of its dimensions: row-major, channels-last, or permuted (attention's output is
+    laid out batch, position, head while its sizes read batch, head, position). The conversion
+    then takes that memory whole, element k of it to element k of a tensor of the same strides."""
+    if x.is_contiguous():
+        return True
+    expected = 1
+    for stride, size in sorted(zip(x.stride(), x.size())):
+        if size != 1:                                   # a dimension of one has any stride
+            if stride != expected:
+                return False
+            expected *= size
+    return True
+
+
+def dense_strides(x: torch.Tensor) -> tuple:
+    """The strides of a tensor of ``x``'s sizes whose elements fill its memory in the order
+    ``x``'s dimensions lie in memory (the largest stride outermost), as ``torch.empty_like``
+    lays out a copy of a tensor that is not dense: a head split off a fused projection is
+    staged in the layout it came in, and what is computed from it is laid out as from it."""
+    given, sizes = x.stride(), x.size()
+    strides = [0] * len(given)
+    expected = 1
+    for dimension in sorted(range(len(given)), key=given.__getitem__):
+        strides[dimension] = expected
+        expected *= sizes[dimension]
+    return tuple(strides)
 
 
 def _convert(source: int, destination: int, x: torch.Tensor, dtype: torch.dtype) -> bool:
@@ -315,13 +339,14 @@ def reduced_converted(x: torch.Tensor, dtype: torch.dtype,
     """``x`` (float16 or bfloat16) in the other of the two, converted in one pass: the values
     torch's ``x.to(dtype)`` gives (a NaN stays a NaN), in a tensor of the same strides, or
     ``out`` where given (of ``dtype``, ``x``'s sizes and strides; ``x`` dense). A tensor that is
-    not dense (a head split off a fused projection) is first copied row-major, in its own type.
+    not dense (a head split off a fused projection) is first copied densely, in its own type
+    and in the order of its dimensions in memory (``clone``'s layout).
     None where the CPU has no F16C or the conversion does not apply (``_convertible``): torch
     converts those."""
     if not _convertible(x, dtype):
         return None
     if not dense(x):
-        return None if out is not None else reduced_converted_in_place(x.contiguous(), dtype, frozenset())
+        return None if out is not None else reduced_converted_in_place(x.clone(), dtype, frozenset())
     try:
         source = x.data_ptr()
     except RuntimeError:                            # a wrapper with no storage of its own
@@ -348,4 +373,7 @@ def reduced_converted_in_place(x: torch.Tensor, dtype: torch.dtype,
         return None
     if storage.data_ptr() in operands or not _convert(source, source, x, dtype):
         return None
-    return torch.empty(0, dtype=dtype, device="cpu").set_(storage, x.storage_offset(), x.size(), x.stride())
+    # Of the same element size, ``view(dtype)`` is the same memory in the other type, and no view
+    # for autograd (no ``_base``, on every torch from 2.4): a quarter of the cost of a fresh
+    # tensor set onto the storage.
+    return x.view(dtype)

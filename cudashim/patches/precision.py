@@ -219,16 +219,19 @@ class WideningCache:
         self.held = 0
 
     def widen(self, tensor, dtype=torch.float32, scratch=None):
+        key = (id(tensor), dtype)
+        kept = self.copies.get(key)
+        # A copy is kept only of a parameter that owned its storage; a parameter moved onto
+        # other memory (set_, resize_, as_strided_) moves its version, and ``.data`` drops it.
+        if kept is not None and kept[0]() is tensor and kept[1] == tensor._version \
+                and kept[2]() is tensor.untyped_storage() \
+                and not (tensor.requires_grad and torch.is_grad_enabled()):
+            return kept[3]
         if not isinstance(tensor, torch.nn.Parameter) \
                 or (tensor.requires_grad and torch.is_grad_enabled()) \
                 or not _owns_its_storage(tensor):
             return scratch.converted(tensor, dtype) if scratch is not None else converted(tensor, dtype)
-        key = (id(tensor), dtype)
-        kept = self.copies.get(key)
         storage = tensor.untyped_storage()            # one Python object while it lives
-        if kept is not None and kept[0]() is tensor and kept[1] == tensor._version \
-                and kept[2]() is storage:
-            return kept[3]
         wide = converted(tensor.detach(), dtype)
         size = wide.numel() * wide.element_size()
         if kept is not None:
@@ -312,7 +315,8 @@ def by_policy(api, first, device_type, cache, count, regions, policy, rows_of, c
     def widened(*args, **kwargs):
         if torch.is_autocast_enabled(device_type):
             return original(*args, **kwargs)           # autocast's call
-        if not _all_half(args, kwargs):
+        tensors = _floating((*args, *kwargs.values()) if kwargs else args)
+        if not _all_half(tensors):
             return reconciled(*args, **kwargs)
         try:
             rows = rows_of(args, kwargs) if rows_of is not None else None
@@ -336,7 +340,7 @@ def by_policy(api, first, device_type, cache, count, regions, policy, rows_of, c
         if out is not None:
             return _written_to_out(original, dtype, cache, args, kwargs, count, reported, choice)
         count(reported, f"float16 computed in {choice}")
-        return _computed_and_rounded(original, dtype, cache, args, kwargs)
+        return _computed_and_rounded(original, dtype, cache, args, kwargs, tensors)
 
     @functools.wraps(original)
     def computed_by_policy(*args, **kwargs):
@@ -374,8 +378,7 @@ def _written_to_out(function, dtype, cache, args, kwargs, count, reported, choic
     returns, as torch does. Where torch would refuse the call (gradients recorded through an
     ``out=`` call), torch computes it as asked, and refuses it."""
     out = kwargs["out"]
-    if not isinstance(out, torch.Tensor) or (torch.is_grad_enabled() and any(
-            value.requires_grad for value in _floating((*args, *kwargs.values())))):
+    if not isinstance(out, torch.Tensor) or _recording(_floating((*args, *kwargs.values()))):
         return function(*args, **kwargs)
     count(reported, f"float16 computed in {choice}")
     result, _, _ = _called_wide(function, dtype, cache, args,
@@ -408,7 +411,7 @@ def by_measurement(api, device_type, cache, count, compiled, original):
     autocast region, or with other dtypes among its inputs goes to torch as it is."""
     def widened(*args, **kwargs):
         if torch.is_autocast_enabled(device_type) or kwargs.get("dtype") is not None \
-                or any(value.__class__ is torch.dtype for value in args) or not _all_half(args, kwargs):
+                or any(value.__class__ is torch.dtype for value in args) or not _all_half(_floating((*args, *kwargs.values()))):
             return original(*args, **kwargs)
         if kwargs.get("out") is not None:               # torch.pow(x, 3, out=y)
             return _written_to_out(original, torch.float32, cache, args, kwargs, count, api,
@@ -428,32 +431,38 @@ def by_measurement(api, device_type, cache, count, compiled, original):
     return compiled_twin(gate, computed_by_measurement)
 
 
-def _floating(values):
+def _floating(values) -> list:
+    """The floating-point tensors among ``values``, in order: a list, built in one pass (every
+    wrapped call walks its operands, and a generator costs a frame per step)."""
+    found = []
     for value in values:
         if isinstance(value, torch.Tensor):
             if value.is_floating_point():
-                yield value
+                found.append(value)
         elif isinstance(value, (list, tuple)):          # einsum's operands as one list
-            yield from _floating(value)
+            found += _floating(value)
+    return found
 
 
-def _computed_and_rounded(original, dtype, cache, args, kwargs):
+def _computed_and_rounded(original, dtype, cache, args, kwargs, tensors=None):
     """``original`` computed on its float16 operands in ``dtype``, its result rounded to float16
-    once, where it lies if it is a bfloat16 result of its own."""
-    result, args, kwargs = _called_wide(original, dtype, cache, args, kwargs)
+    once, where it lies if it is a bfloat16 result of its own. ``tensors``: the call's floating
+    tensors, where the caller has them."""
+    result, args, kwargs = _called_wide(original, dtype, cache, args, kwargs, tensors)
     if dtype is not torch.bfloat16:
         return _to_half(result)
-    return _to_half(result, _storages(_floating((*args, *kwargs.values()))))
+    return _to_half(result, _storages(_floating((*args, *kwargs.values()) if kwargs else args)))
 
 
-def _called_wide(original, dtype, cache, args, kwargs):
+def _called_wide(original, dtype, cache, args, kwargs, tensors=None):
     """``original`` called on its float16 operands converted to ``dtype``: (its result, and the
     operands it was given). Where the call records no gradient (none is recorded, or no operand
     requires one) they are converted into this thread's kept buffers: the call then allocates
-    no more than torch's own would."""
-    recording = torch.is_grad_enabled() and any(
-        value.requires_grad for value in _floating((*args, *kwargs.values())))
-    scratch = None if recording else _SCRATCH
+    no more than torch's own would. ``tensors``: the call's floating tensors, where the caller
+    has them."""
+    if tensors is None:
+        tensors = _floating((*args, *kwargs.values()))
+    scratch = None if _recording(tensors) else _SCRATCH
     lent = scratch.lending() if scratch is not None else 0
     result = ()
     try:
@@ -489,24 +498,27 @@ class ConversionScratch(threading.local):
 
     def converted(self, tensor, dtype):
         """``tensor`` in ``dtype``, in a kept buffer where it is a plain host tensor: in its own
-        strides where it is dense, else row-major (staged there in its own type first where the
-        compiled conversion runs, which takes dense tensors only)."""
+        strides where it is dense, else densely in the order its dimensions lie in memory
+        (staged there in its own type first where the compiled conversion runs, which takes
+        dense tensors only), so that what the call computes from it is laid out as torch's own
+        call would lay it out."""
         if tensor.device.type != "cpu" or type(tensor) not in (torch.Tensor, torch.nn.Parameter) \
                 or tensor.is_nested:
             return converted(tensor, dtype)
         storage = self._borrowed(tensor.numel() * max(dtype.itemsize, tensor.element_size()))
         laid_out = native.dense(tensor)
-        out = torch.empty(0, dtype=dtype, device="cpu")
-        out.set_(storage, 0, tensor.size(), tensor.stride() if laid_out else ())
+        strides = tensor.stride() if laid_out else native.dense_strides(tensor)
         fast = native.usable() and tensor.dtype in _REDUCED and dtype in _REDUCED
-        if fast and laid_out:
-            fast = native.reduced_converted(tensor, dtype, out) is not None
-        elif fast:
-            staged = torch.empty(0, dtype=tensor.dtype, device="cpu").set_(storage, 0, tensor.size())
+        if fast and not laid_out:
+            staged = torch.empty(0, dtype=tensor.dtype, device="cpu").set_(storage, 0, tensor.size(), strides)
             staged.copy_(tensor)
-            fast = native.reduced_converted_in_place(staged, dtype, frozenset()) is not None
-        if not fast:
-            out.copy_(tensor.float() if tensor.dtype in _REDUCED and dtype in _REDUCED else tensor)
+            out = native.reduced_converted_in_place(staged, dtype, frozenset())
+            if out is not None:
+                return out
+        out = torch.empty(0, dtype=dtype, device="cpu").set_(storage, 0, tensor.size(), strides)
+        if fast and laid_out and native.reduced_converted(tensor, dtype, out) is not None:
+            return out
+        out.copy_(tensor.float() if tensor.dtype in _REDUCED and dtype in _REDUCED else tensor)
         return out
 
     def _borrowed(self, nbytes: int):
@@ -565,7 +577,8 @@ def _to_half(result, operands=None):
     A bfloat16 result in memory of its own (``operands``: the storages of the tensors the call
     was given; None: not known) is rounded where it lies (``native.reduced_converted_in_place``)."""
     if isinstance(result, tuple):
-        if operands is not None and len(_storages(_floating(result)) or ()) < len(list(_floating(result))):
+        tensors = _floating(result)
+        if operands is not None and len(_storages(tensors) or ()) < len(tensors):
             operands = None                             # two results in one storage: copied
         return tuple(_to_half(item, operands) for item in result)
     if not isinstance(result, torch.Tensor) or not result.is_floating_point():
@@ -577,8 +590,20 @@ def _to_half(result, operands=None):
     return converted(result, HALF)
 
 
-def _all_half(args, kwargs) -> bool:
-    return all(t.dtype is HALF for t in _floating((*args, *kwargs.values())))
+def _all_half(tensors) -> bool:
+    for tensor in tensors:
+        if tensor.dtype is not HALF:
+            return False
+    return True
+
+
+def _recording(tensors) -> bool:
+    """Whether autograd records a call on ``tensors``."""
+    if torch.is_grad_enabled():
+        for tensor in tensors:
+            if tensor.requires_grad:
+                return True
+    return False
 
 
 def _float32(value, cache):
