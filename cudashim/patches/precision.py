@@ -10,9 +10,10 @@ the policy's choice for the call's shape class: a product of few rows a matrix (
 memory-bound, and may run in float16 as asked, whose weights are half float32's size; a
 larger one computes in float32 (or bfloat16 where that is the host's fastest) and rounds the
 result to float16 once, as CUDA's tensor cores accumulate. Convolutions, einsum and the
-chained and contracted products count as compute-bound. Tensors keep their dtype; a result
-asked for in an ``out=`` tensor, or in the tensor an in-place method is called on, is rounded
-into it. A call whose first tensor is not float16 goes straight to torch after one
+chained and contracted products count as compute-bound. Tensors keep their dtype, and a
+result the layout torch's own call gives it (attention's output on heads split off a fused
+projection is laid out batch, position, head); a result asked for in an ``out=`` tensor, or in
+the tensor an in-place method is called on, is rounded into it. A call whose first tensor is not float16 goes straight to torch after one
 dtype check; a call with float16 inputs mixed with other dtypes is torch's to judge; inside
 an autocast region autocast decides. Inside a CUDA autocast region the policy runs in
 float32 (autocast off), mixed dtypes that torch refuses are computed in float32, as
