@@ -826,6 +826,25 @@ def test_the_other_float16_ops_are_timed_both_ways_and_widened_only_where_float3
         assert times["choice"] == (FLOAT32 if won else AS_ASKED), (name, times)
 
 
+def test_a_stall_through_one_pass_over_the_other_float16_ops_does_not_decide_their_choice(monkeypatch):
+    """The table is timed in passes, each op's best times over them deciding: a machine stalled
+    through every turn of one op in one pass (both ways a hundred times their time, the widened
+    way the more) chooses as the pass that ran unstalled, for good."""
+    from cudashim.backends import cpu_speed
+    from cudashim.precision import AS_ASKED, FLOAT32
+    timings = []
+
+    def timed_both_ways(asked, widened, turns=7):
+        timings.append((asked, widened))
+        return [12.0, 36.0] if len(timings) == 1 else [0.2, 0.1]      # the first op's first pass
+
+    monkeypatch.setattr(cpu_speed, "_best_of_turns", timed_both_ways)
+    measured = cpu_speed._measure_ops()
+    first = next(iter(measured))
+    assert measured[first] == {"choice": FLOAT32, AS_ASKED: 0.2, FLOAT32: 0.1}
+    assert len(timings) == cpu_speed._OP_PASSES * len(measured) and cpu_speed._OP_PASSES > 1
+
+
 def _timed(choice):
     from cudashim.precision import AS_ASKED, FLOAT32
     return {"choice": choice, AS_ASKED: 2.0 if choice == FLOAT32 else 1.0, FLOAT32: 1.5}
