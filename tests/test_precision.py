@@ -391,7 +391,8 @@ def test_a_tensor_is_dense_in_any_order_of_its_dimensions_and_staged_as_empty_li
     for laid_out in (x, x.permute(0, 2, 1, 3), x.transpose(0, 3), x[:1], x[:1].transpose(1, 3),
                      x.contiguous(memory_format=torch.channels_last), torch.empty(0, 3)):
         assert dense(laid_out)
-    gapped = (x[:, :, :2], x[:, :, :1], x[..., ::2], x.permute(0, 2, 1, 3)[:, 1:], torch.empty(3, 1).expand(3, 4),
+    gapped = (x[:, :, :2], x[:, :, :1], x[..., ::2], x.permute(0, 2, 1, 3)[:, 1:],
+              torch.empty(3, 1).expand(3, 4),
               torch.empty(2, 16, 192).split(64, dim=2)[1].view(2, 16, 4, 16).transpose(1, 2))
     for staged in gapped:
         assert not dense(staged)

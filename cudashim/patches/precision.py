@@ -13,15 +13,16 @@ result to float16 once, as CUDA's tensor cores accumulate. Convolutions, einsum 
 chained and contracted products count as compute-bound. Tensors keep their dtype, and a
 result the layout torch's own call gives it (attention's output on heads split off a fused
 projection is laid out batch, position, head); a result asked for in an ``out=`` tensor, or in
-the tensor an in-place method is called on, is rounded into it. A call whose first tensor is not float16 goes straight to torch after one
-dtype check; a call with float16 inputs mixed with other dtypes is torch's to judge; inside
-an autocast region autocast decides. Inside a CUDA autocast region the policy runs in
-float32 (autocast off), mixed dtypes that torch refuses are computed in float32, as
-autocast would have cast them: Fabric's "bf16-mixed" hands bfloat16 batches to float32
-weights there. Parameters no gradient flows to (inference, and the
-forward of autograd Functions such as Megatron's tensor-parallel layers) are widened once
-per version and storage and kept, so ``model.half()`` generation does not convert every
-weight on every token; an optimizer step, and a read of a parameter's ``.data``, drop them.
+the tensor an in-place method is called on, is rounded into it. A call whose first tensor is
+not float16 goes straight to torch after one dtype check; a call with float16 inputs mixed
+with other dtypes is torch's to judge; inside an autocast region autocast decides. Inside a
+CUDA autocast region the policy runs in float32 (autocast off), mixed dtypes that torch
+refuses are computed in float32, as autocast would have cast them: Fabric's "bf16-mixed"
+hands bfloat16 batches to float32 weights there. Parameters no gradient flows to
+(inference, and the forward of autograd Functions such as Megatron's tensor-parallel layers)
+are widened once per version and storage and kept, so ``model.half()`` generation does not
+convert every weight on every token; an optimizer step, and a read of a parameter's
+``.data``, drop them.
 
 The other float16 ops a model runs (normalization, softmax, pooling, GELU, resampling) are
 computed in float32 only where the host measured that faster (``by_measurement``); elsewhere,
@@ -412,7 +413,8 @@ def by_measurement(api, device_type, cache, count, compiled, original):
     autocast region, or with other dtypes among its inputs goes to torch as it is."""
     def widened(*args, **kwargs):
         if torch.is_autocast_enabled(device_type) or kwargs.get("dtype") is not None \
-                or any(value.__class__ is torch.dtype for value in args) or not _all_half(_floating((*args, *kwargs.values()))):
+                or any(value.__class__ is torch.dtype for value in args) \
+                or not _all_half(_floating((*args, *kwargs.values()))):
             return original(*args, **kwargs)
         if kwargs.get("out") is not None:               # torch.pow(x, 3, out=y)
             return _written_to_out(original, torch.float32, cache, args, kwargs, count, api,
@@ -511,7 +513,8 @@ class ConversionScratch(threading.local):
         strides = tensor.stride() if laid_out else native.dense_strides(tensor)
         fast = native.usable() and tensor.dtype in _REDUCED and dtype in _REDUCED
         if fast and not laid_out:
-            staged = torch.empty(0, dtype=tensor.dtype, device="cpu").set_(storage, 0, tensor.size(), strides)
+            staged = torch.empty(0, dtype=tensor.dtype, device="cpu")
+            staged.set_(storage, 0, tensor.size(), strides)
             staged.copy_(tensor)
             out = native.reduced_converted_in_place(staged, dtype, frozenset())
             if out is not None:
