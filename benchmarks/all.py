@@ -177,12 +177,19 @@ def render_overhead(result):
     return "Overhead of the shim", lines
 
 
+def _of_processes(result):
+    """Which processes a precision result's times come from (results from before the field:
+    every run's steps)."""
+    runs = result.get("processes_a_side")
+    return f" of each side's fastest of {runs} processes" if runs else ""
+
+
 def render_precision(result):
     lines = ["`python benchmarks/precision.py`: unmodified CUDA programs under the shim's default "
              "precision policy, against the fastest of their hand ports to this CPU and against taking "
              "each request literally (`--amp-dtype as-asked --tf32 ignore`); medians over the steps or "
-             "generations, with the middle half of the per-step ratios (steps paired by position); "
-             f"a target inside it is unresolved. This CPU: {result['cpu']}."]
+             f"generations{_of_processes(result)}, with the middle half of the per-step ratios (steps "
+             f"paired by position); a target inside it is unresolved. This CPU: {result['cpu']}."]
     table = result.get("float16_matmuls")
     if table:
         timings = table["timings"]
