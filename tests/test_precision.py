@@ -846,6 +846,29 @@ def test_a_stall_through_one_pass_over_the_other_float16_ops_does_not_decide_the
     assert len(timings) == cpu_speed._OP_PASSES * len(measured) and cpu_speed._OP_PASSES > 1
 
 
+def test_a_stall_through_one_pass_over_a_matmul_shape_class_does_not_decide_its_choice(monkeypatch):
+    """Each shape class of the float16 matmul table is timed in passes, each choice's best time
+    over them deciding: a machine stalled through every turn of the compute-bound class's first
+    pass (every choice a hundred times its time) chooses as the pass that ran unstalled."""
+    from cudashim.backends import cpu_speed
+    from cudashim.precision import AS_ASKED, BFLOAT16, FLOAT32
+    passes = []
+
+    def timed_in_turns(*calls, turns=7):
+        passes.append(len(calls))
+        if len(passes) == cpu_speed._MATMUL_PASSES + 1:           # the compute-bound class's first
+            return [4500.0, 9000.0, 9000.0]
+        return [45.0, 32.0, 42.0][:len(calls)]
+
+    monkeypatch.setattr(cpu_speed, "_best_of_turns", timed_in_turns)
+    measured = cpu_speed._measure_matmuls()
+    assert measured["compute_bound"] == BFLOAT16
+    assert measured["timings"]["compute-bound"] == {AS_ASKED: 45.0, BFLOAT16: 32.0, FLOAT32: 42.0,
+                                                    "rows": 256}
+    assert passes[:2 * cpu_speed._MATMUL_PASSES] == [3] * 2 * cpu_speed._MATMUL_PASSES
+    assert cpu_speed._MATMUL_PASSES > 1
+
+
 def _timed(choice):
     from cudashim.precision import AS_ASKED, FLOAT32
     return {"choice": choice, AS_ASKED: 2.0 if choice == FLOAT32 else 1.0, FLOAT32: 1.5}
