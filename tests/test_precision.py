@@ -382,6 +382,38 @@ def test_heads_split_off_a_fused_projection_give_attention_laid_out_as_torchs_ow
     assert _counted("torch.nn.functional.scaled_dot_product_attention") == "float16 computed in bfloat16"
 
 
+def test_operands_split_off_one_projection_are_converted_as_it_once_and_views_reaching_past_it_alone(speeds):
+    """q, k and v that together are their fused projection are converted as the projection, once:
+    the kept buffers then hold one buffer of its size, where each head converted alone is
+    staged first. Views whose elements reach past their base (an ``as_strided`` over the
+    storage) or overlap are converted one by one. Every result is what the same call on
+    bfloat16 copies gives."""
+    from cudashim.patches.precision import _SCRATCH
+    torch.manual_seed(0)
+    fused = torch.randn(2, 16, 3 * 64).half()
+    heads = [t.view(2, 16, 4, 16).transpose(1, 2) for t in fused.split(64, dim=2)]
+    # A projection laid over the middle of a larger storage, and three views of it as large as
+    # it, the first of which starts before it.
+    memory = torch.randn(4 * fused.numel()).half().untyped_storage()
+    laid = torch.empty(0, dtype=HALF).set_(memory, fused.numel(), fused.size())
+    past = [laid.as_strided((2, 4, 16, 16), (3072, 16, 192, 1), 0),
+            *(t.view(2, 16, 4, 16).transpose(1, 2) for t in laid.split(64, dim=2)[1:])]
+    assert all(view._base is laid for view in past)
+    overlapping = [heads[0], heads[0], heads[2]]
+    attention = lambda *t: F.scaled_dot_product_attention(*t, is_causal=True)   # noqa: E731
+    expected = [_by_hand_in_bfloat16(attention, *operands) for operands in (heads, past, overlapping)]
+    torchs = [attention(*operands).stride() for operands in (heads, past, overlapping)]
+    _bfloat16_products(speeds)
+    with torch.no_grad():
+        _SCRATCH.clear()
+        together = attention(*heads)
+        kept = {nbytes: list(buffers) for nbytes, buffers in _SCRATCH.free.items()}
+        results = [together, attention(*past), attention(*overlapping)]
+    assert list(kept) == [fused.numel() * 2] and len(kept[fused.numel() * 2]) == 1
+    for result, reference, strides in zip(results, expected, torchs):
+        assert result.dtype == HALF and torch.equal(result, reference) and result.stride() == strides
+
+
 def test_a_tensor_is_dense_in_any_order_of_its_dimensions_and_staged_as_empty_like_lays_it_out():
     """The compiled conversion takes a tensor whose elements fill its memory in any order of
     its dimensions; one with gaps or overlaps is staged first, in the layout torch's
@@ -522,9 +554,9 @@ def test_kept_conversion_buffers_stay_within_their_budget():
     scratch = ConversionScratch()
     scratch.budget = 3000
     for size in (1000, 1000, 800, 2000):
-        scratch._keep(torch.empty(size, dtype=torch.uint8).untyped_storage())
+        scratch._keep(torch.empty(size, dtype=torch.uint8))
     assert scratch.held == 2800 and sorted(scratch.free) == [800, 2000]   # the 1000s went first
-    scratch._keep(torch.empty(4000, dtype=torch.uint8).untyped_storage())
+    scratch._keep(torch.empty(4000, dtype=torch.uint8))
     assert scratch.held == 0 and not scratch.free                          # too large to keep
 
 
@@ -867,6 +899,23 @@ def test_a_stall_through_one_pass_over_a_matmul_shape_class_does_not_decide_its_
                                                     "rows": 256}
     assert passes[:2 * cpu_speed._MATMUL_PASSES] == [3] * 2 * cpu_speed._MATMUL_PASSES
     assert cpu_speed._MATMUL_PASSES > 1
+
+
+def test_an_op_cached_as_widened_near_a_tie_is_read_as_asked(monkeypatch):
+    """The choice is decided from the cached timings on every read, at today's margin: a table
+    timed when a near tie was widened (gelu at 0.8 of float16's time) now keeps that op as
+    asked, and one that wins by far (pow at 0.15) stays widened."""
+    from cudashim.backends import cpu_speed
+    from cudashim.precision import AS_ASKED, FLOAT32
+    from cudashim.tables.float16_ops import WIDEN_BELOW
+    cached = {"gelu": {"choice": FLOAT32, AS_ASKED: 0.2, FLOAT32: 0.16},
+              "pow": {"choice": FLOAT32, AS_ASKED: 0.43, FLOAT32: 0.065}}
+    monkeypatch.setattr(cpu_speed, "speeds", lambda profile: ({HALF: False, BF16: True}, "test"))
+    monkeypatch.setattr(cpu_speed, "_cached", lambda path, key, measure: cached)
+    read = cpu_speed.op_choices.__wrapped__(cpu_speed.MEASURED)
+    assert WIDEN_BELOW < 0.8
+    assert read == {"gelu": {"choice": AS_ASKED, AS_ASKED: 0.2, FLOAT32: 0.16},
+                    "pow": {"choice": FLOAT32, AS_ASKED: 0.43, FLOAT32: 0.065}}
 
 
 def _timed(choice):

@@ -255,7 +255,16 @@ def op_choices(profile: str = MEASURED) -> Dict[str, dict]:
     key = (f"{_cpu_model()} [{_flags_key()}], "
            f"{torch.get_num_threads()} threads, torch {torch.__version__}, ops {' '.join(OPS)}, "
            f"{_OP_PASSES} passes")
-    return _cached(cache_file("float16-ops.json"), key, _measure_ops)
+    timed = _cached(cache_file("float16-ops.json"), key, _measure_ops)
+    # Decided from the timings on every read: a margin changed since they were cached holds.
+    return {name: {**times, "choice": _op_choice(times)} for name, times in timed.items()}
+
+
+def _op_choice(times: dict) -> str:
+    """float32 where it beat float16 by ``WIDEN_BELOW``'s margin, else as asked."""
+    from ..precision import AS_ASKED, FLOAT32
+    from ..tables.float16_ops import WIDEN_BELOW
+    return FLOAT32 if times[FLOAT32] < WIDEN_BELOW * times[AS_ASKED] else AS_ASKED
 
 
 # The table is timed in this many passes over its ops, each op's best time taken over them: a
@@ -271,7 +280,7 @@ def _measure_ops() -> Dict[str, dict]:
     over the table. torch's own functions: the precision patches may be installed by now, but
     not yet over these."""
     from ..precision import AS_ASKED, FLOAT32
-    from ..tables.float16_ops import OPS, SAMPLES, WIDEN_BELOW, places
+    from ..tables.float16_ops import OPS, SAMPLES, places
     numbers = torch.Generator().manual_seed(0)         # the program's own generator untouched
     samples = {kind: torch.randn(shape, generator=numbers).half() for kind, shape in SAMPLES.items()}
     ops = {}
@@ -286,8 +295,7 @@ def _measure_ops() -> Dict[str, dict]:
             for name, (op, x, rest) in ops.items():
                 timed = _best_of_turns(lambda: op(x, *rest), lambda: op(x.float(), *rest).half())
                 best[name] = [min(pair) for pair in zip(best[name], timed)]
-    return {name: {"choice": FLOAT32 if wide < WIDEN_BELOW * asked else AS_ASKED,
-                   AS_ASKED: asked, FLOAT32: wide}
+    return {name: {"choice": _op_choice({AS_ASKED: asked, FLOAT32: wide}), AS_ASKED: asked, FLOAT32: wide}
             for name, (asked, wide) in best.items()}
 
 

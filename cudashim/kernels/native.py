@@ -291,7 +291,7 @@ def _convertible(x: torch.Tensor, dtype: torch.dtype) -> bool:
     (not nested) that autograd does not record (a copy would not be on its graph), converted to
     the other, outside torch.compile's tracing. Subclasses and wrappers (traced, batched, fake)
     are torch's to convert."""
-    return type(x) in (torch.Tensor, torch.nn.Parameter) and x.device.type == "cpu" \
+    return type(x) in (torch.Tensor, torch.nn.Parameter) and x.is_cpu \
         and x.layout is torch.strided and not x.is_nested and x.dtype in _REDUCED and dtype in _REDUCED \
         and x.dtype is not dtype and not (x.requires_grad and torch.is_grad_enabled()) \
         and not torch.compiler.is_compiling()
@@ -354,6 +354,14 @@ def reduced_converted(x: torch.Tensor, dtype: torch.dtype,
     if out is None:
         out = torch.empty_like(x, dtype=dtype)      # the same strides: element k to element k
     return out if _convert(source, out.data_ptr(), x, dtype) else None
+
+
+def converted_into(x: torch.Tensor, out: torch.Tensor, dtype: torch.dtype) -> bool:
+    """``x`` converted into ``out`` (``out`` may be ``x``): both dense host tensors of the same
+    strides, one reduced type to the other, as the caller has checked (the precision policy's
+    kept buffers, on every call: ``reduced_converted``'s checks cost more than converting a
+    small operand). False, and nothing converted, where the CPU has no F16C."""
+    return _convert(x.data_ptr(), out.data_ptr(), x, dtype)
 
 
 def reduced_converted_in_place(x: torch.Tensor, dtype: torch.dtype,

@@ -54,6 +54,7 @@ from ..tables import float16_ops
 
 HALF = torch.float16
 _REDUCED = (torch.float16, torch.bfloat16)
+_PLAIN = (torch.Tensor, torch.nn.Parameter)     # host tensors the compiled conversion takes
 
 
 def converted(tensor, dtype):
@@ -454,7 +455,22 @@ def _computed_and_rounded(original, dtype, cache, args, kwargs, tensors=None):
     result, args, kwargs = _called_wide(original, dtype, cache, args, kwargs, tensors)
     if dtype is not torch.bfloat16:
         return _to_half(result)
-    return _to_half(result, _storages(_floating((*args, *kwargs.values()) if kwargs else args)))
+    return _to_half(result, _operand_storages((*args, *kwargs.values()) if kwargs else args))
+
+
+def _operand_storages(values):
+    """The data pointers of the storages of the tensors among a call's operands (``_storages``
+    of them, in one pass where no list of operands is among them); None where one has none."""
+    found = set()
+    try:
+        for value in values:
+            if isinstance(value, torch.Tensor):
+                found.add(value.untyped_storage().data_ptr())
+            elif isinstance(value, (list, tuple)):         # einsum's operands as one list
+                return _storages(_floating(values))
+    except (RuntimeError, NotImplementedError):
+        return None
+    return found
 
 
 def _called_wide(original, dtype, cache, args, kwargs, tensors=None):
@@ -469,7 +485,12 @@ def _called_wide(original, dtype, cache, args, kwargs, tensors=None):
     lent = scratch.lending() if scratch is not None else 0
     result = ()
     try:
-        args = [_wide(value, cache, dtype, scratch) for value in args]
+        together = _converted_together(args, dtype, scratch) if scratch is not None else None
+        if together:
+            args = [together.get(id(value)) if id(value) in together
+                    else _wide(value, cache, dtype, scratch) for value in args]
+        else:
+            args = [_wide(value, cache, dtype, scratch) for value in args]
         kwargs = {name: _wide(value, cache, dtype, scratch) for name, value in kwargs.items()}
         result = original(*args, **kwargs)
     finally:
@@ -478,12 +499,44 @@ def _called_wide(original, dtype, cache, args, kwargs, tensors=None):
     return result, args, kwargs
 
 
+def _converted_together(args, dtype, scratch):
+    """{id(operand): the operand in ``dtype``} for a call's float16 operands that are all views
+    of one dense tensor and together as large as it (q, k and v split off one fused projection),
+    else None. That tensor is converted once, and each operand is the same view of the
+    conversion, in its own strides: converted one by one, each would be staged densely first."""
+    views = [value for value in args if isinstance(value, torch.Tensor) and value._base is not None]
+    if len(views) < 2:
+        return None
+    base = views[0]._base
+    if base.dtype is not HALF or not base.is_contiguous() \
+            or sum(view.numel() for view in views) != base.numel():
+        return None
+    start = base.storage_offset()
+    for view in views:
+        if view._base is not base or view.dtype is not HALF \
+                or not start <= view.storage_offset() <= _last_element(view) < start + base.numel():
+            return None
+    whole = scratch.converted(base, dtype)          # dense: in the base's strides, from offset 0
+    return {id(view): whole.as_strided(view.size(), view.stride(), view.storage_offset() - start)
+            for view in views}
+
+
+def _last_element(view) -> int:
+    """Where ``view``'s last element lies in its storage (an as_strided view may reach outside
+    its base)."""
+    return view.storage_offset() + sum((size - 1) * stride for size, stride
+                                       in zip(view.size(), view.stride()) if size)
+
+
 class ConversionScratch(threading.local):
     """Host buffers the policy converts a call's float16 operands into, kept for the next call
     of the same size. A fresh buffer of a few MiB costs a page fault every 4 KiB at its first
     touch, which costs more than the conversion: a convolution over a 4 MiB float16 input took
     1024 more faults and 2.4 ms more than its bfloat16 port on an AVX-512 EPYC, the same as the
-    port with these. Per thread (DataParallel runs its replicas in threads); lent only where the
+    port with these. Each buffer is kept as the tensor last laid over it, and lent again as
+    that tensor where a call asks for the same dtype, sizes and strides (a model's layers
+    repeat their shapes): a tensor made over a buffer costs more than converting an operand of
+    a few KiB. Per thread (DataParallel runs its replicas in threads); lent only where the
     call records no gradient (autograd would save an operand for backward), and left to a result
     that is a view of one (a trivial einsum). At most ``budget`` bytes are kept, those of the
     size least recently given back given up first."""
@@ -491,12 +544,12 @@ class ConversionScratch(threading.local):
     budget = 64 << 20
 
     def __init__(self):
-        self.free = {}          # bytes -> [storages no call is using]; least recent size first
-        self.lent = []          # storages lent to the calls running now, innermost last
+        self.free = {}          # bytes -> [tensors over buffers no call is using]; least recent size first
+        self.lent = []          # tensors lent to the calls running now, innermost last
         self.held = 0
 
     def lending(self) -> int:
-        """Where the storages a call is about to borrow will start in ``lent``."""
+        """Where the buffers a call is about to borrow will start in ``lent``."""
         return len(self.lent)
 
     def converted(self, tensor, dtype):
@@ -505,52 +558,56 @@ class ConversionScratch(threading.local):
         (staged there in its own type first where the compiled conversion runs, which takes
         dense tensors only), so that what the call computes from it is laid out as torch's own
         call would lay it out."""
-        if tensor.device.type != "cpu" or type(tensor) not in (torch.Tensor, torch.nn.Parameter) \
-                or tensor.is_nested:
+        if type(tensor) not in _PLAIN or not tensor.is_cpu or tensor.is_nested \
+                or tensor.layout is not torch.strided:
             return converted(tensor, dtype)
-        storage = self._borrowed(tensor.numel() * max(dtype.itemsize, tensor.element_size()))
+        nbytes = tensor.numel() * max(dtype.itemsize, tensor.element_size())
         laid_out = native.dense(tensor)
         strides = tensor.stride() if laid_out else native.dense_strides(tensor)
-        fast = native.usable() and tensor.dtype in _REDUCED and dtype in _REDUCED
+        fast = tensor.dtype in _REDUCED and dtype in _REDUCED and native.usable()
         if fast and not laid_out:
-            staged = torch.empty(0, dtype=tensor.dtype, device="cpu")
-            staged.set_(storage, 0, tensor.size(), strides)
+            staged = self._borrowed(nbytes, tensor.dtype, tensor.size(), strides)
             staged.copy_(tensor)
-            out = native.reduced_converted_in_place(staged, dtype, frozenset())
-            if out is not None:
-                return out
-        out = torch.empty(0, dtype=dtype, device="cpu").set_(storage, 0, tensor.size(), strides)
-        if fast and laid_out and native.reduced_converted(tensor, dtype, out) is not None:
+            if native.converted_into(staged, staged, dtype):
+                return staged.view(dtype)
+        out = self._borrowed(nbytes, dtype, tensor.size(), strides)
+        if fast and laid_out and native.converted_into(tensor, out, dtype):
             return out
         out.copy_(tensor.float() if tensor.dtype in _REDUCED and dtype in _REDUCED else tensor)
         return out
 
-    def _borrowed(self, nbytes: int):
+    def _borrowed(self, nbytes: int, dtype, sizes, strides):
+        """A kept buffer of ``nbytes`` (else a new one) as a tensor of ``dtype``, ``sizes`` and
+        ``strides``, lent to the call running now."""
         kept = self.free.get(nbytes)
         if kept:
-            storage = kept.pop()
+            buffer = kept.pop()
             self.held -= nbytes
             if not kept:
                 del self.free[nbytes]
+            if buffer.dtype is not dtype or buffer.stride() != strides or buffer.size() != sizes:
+                buffer = torch.empty(0, dtype=dtype, device="cpu").set_(
+                    buffer.untyped_storage(), 0, sizes, strides)
         else:
             storage = torch.empty(nbytes, dtype=torch.uint8, device="cpu").untyped_storage()
-        self.lent.append(storage)
-        return storage
+            buffer = torch.empty(0, dtype=dtype, device="cpu").set_(storage, 0, sizes, strides)
+        self.lent.append(buffer)
+        return buffer
 
     def given_back(self, lent: int, result):
-        """After the call that borrowed from ``lent`` on: its storages are kept, but for one its
+        """After the call that borrowed from ``lent`` on: its buffers are kept, but for one its
         result holds."""
-        borrowed, self.lent = self.lent[lent:], self.lent[:lent]
-        if not borrowed:
+        if len(self.lent) == lent:
             return
-        held = _storages(_floating(result if isinstance(result, tuple) else (result,)))
-        for storage in borrowed:
-            if held is not None and storage.data_ptr() not in held:
-                self._keep(storage)
+        borrowed, self.lent = self.lent[lent:], self.lent[:lent]
+        held = _operand_storages(result if isinstance(result, tuple) else (result,))
+        for buffer in borrowed:
+            if held is not None and buffer.untyped_storage().data_ptr() not in held:
+                self._keep(buffer)
 
-    def _keep(self, storage):
-        nbytes = storage.nbytes()
-        self.free[nbytes] = [*self.free.pop(nbytes, ()), storage]     # the most recent size last
+    def _keep(self, buffer):
+        nbytes = buffer.untyped_storage().nbytes()
+        self.free[nbytes] = [*self.free.pop(nbytes, ()), buffer]     # the most recent size last
         self.held += nbytes
         while self.held > self.budget:
             oldest = next(iter(self.free))
