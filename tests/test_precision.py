@@ -414,6 +414,29 @@ def test_operands_split_off_one_projection_are_converted_as_it_once_and_views_re
         assert result.dtype == HALF and torch.equal(result, reference) and result.stride() == strides
 
 
+def test_a_layer_called_again_in_bfloat16_uses_its_kept_copy_only_while_the_weight_is_unchanged(speeds):
+    """The second call of a layer under no_grad takes the kept copy of its weight (the policy's
+    one-frame path): its result is the first's, in memory of its own. A weight written in place,
+    given another storage, or written through ``.data`` is converted again at the next call."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 32).half().eval()
+    x = torch.randn(4, 16, 64).half()
+    by_hand = lambda: _by_hand_in_bfloat16(F.linear, x, layer.weight, layer.bias)   # noqa: E731
+    _bfloat16_products(speeds)
+    with torch.no_grad():
+        first, second = layer(x), layer(x)
+        assert torch.equal(first, by_hand()) and torch.equal(second, first)
+        assert second.dtype == HALF and second._base is None
+        assert first.untyped_storage().data_ptr() != second.untyped_storage().data_ptr()
+        layer.weight.mul_(2)                                      # its version moves
+        assert torch.equal(layer(x), by_hand()) and not torch.equal(layer(x), first)
+        layer.weight.set_(torch.randn(32, 64).half())             # another storage
+        assert torch.equal(layer(x), by_hand())
+        layer.weight.data.copy_(torch.randn(32, 64).half())       # no version moves
+        assert torch.equal(layer(x), by_hand())
+    assert _counted("torch.nn.functional.linear") == "float16 computed in bfloat16"
+
+
 def test_a_tensor_is_dense_in_any_order_of_its_dimensions_and_staged_as_empty_like_lays_it_out():
     """The compiled conversion takes a tensor whose elements fill its memory in any order of
     its dimensions; one with gaps or overlaps is staged first, in the layout torch's
