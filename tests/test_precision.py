@@ -901,6 +901,29 @@ def test_a_stall_through_one_pass_over_the_other_float16_ops_does_not_decide_the
     assert len(timings) == cpu_speed._OP_PASSES * len(measured) and cpu_speed._OP_PASSES > 1
 
 
+def test_a_converting_choice_must_win_by_more_than_a_converting_call_costs(monkeypatch):
+    """Decoding-sized products, timed 0.08 ms as asked and 0.06 in bfloat16 (its conversions
+    counted), stay as asked: the policy's converting path costs a call more than that in a
+    program. Larger ones, where bfloat16 wins by milliseconds, are computed in bfloat16, from the
+    first row count at which it wins by more than that cost."""
+    from cudashim.backends import cpu_speed
+    from cudashim.precision import AS_ASKED, BFLOAT16, FLOAT32
+
+    def timed_in_turns(*calls, turns=7):
+        rows = len(calls) and timed_in_turns.rows.pop(0)
+        scale = {2: 0.02, 4: 0.02}.get(rows, rows * 0.01)     # float16's time grows with the rows
+        return [{AS_ASKED: 0.08 + scale, BFLOAT16: 0.06 + scale / 10, FLOAT32: 0.1 + scale / 5}[c]
+                for c in timed_in_turns.order[len(calls)]]
+    passes = cpu_speed._MATMUL_PASSES
+    timed_in_turns.rows = [2] * passes + [256] * passes + [4, 8, 16, 32, 64, 128]
+    timed_in_turns.order = {3: (AS_ASKED, BFLOAT16, FLOAT32), 2: (AS_ASKED, BFLOAT16)}
+    monkeypatch.setattr(cpu_speed, "_best_of_turns", timed_in_turns)
+    measured = cpu_speed._measure_matmuls()
+    assert (measured["memory_bound"], measured["compute_bound"]) == (AS_ASKED, BFLOAT16)
+    # At 4 rows bfloat16 is timed 0.04 ms faster, at 8 0.07 ms: as asked up to 4.
+    assert measured["memory_bound_rows"] == 4 and cpu_speed._CONVERTING_CALL_MS >= 0.05
+
+
 def test_a_stall_through_one_pass_over_a_matmul_shape_class_does_not_decide_its_choice(monkeypatch):
     """Each shape class of the float16 matmul table is timed in passes, each choice's best time
     over them deciding: a machine stalled through every turn of the compute-bound class's first
