@@ -315,6 +315,8 @@ def by_policy(api, first, device_type, cache, count, regions, policy, rows_of, c
         return original(*[_float32(value, cache) for value in args],
                         **{name: _float32(value, cache) for name, value in kwargs.items()})
 
+    memory_bound_api = f"{api} (memory-bound)"
+
     def widened(*args, **kwargs):
         if torch.is_autocast_enabled(device_type):
             return original(*args, **kwargs)           # autocast's call
@@ -327,9 +329,9 @@ def by_policy(api, first, device_type, cache, count, regions, policy, rows_of, c
             rows = None
         choices = policy.float16_matmuls
         memory_bound = choices.is_memory_bound(rows)
-        choice = choices.for_rows(rows)
+        choice = choices.memory_bound if memory_bound else choices.compute_bound
         # The report has one row per API and what it became: decoding-sized calls get their own.
-        reported = f"{api} (memory-bound)" if memory_bound else api
+        reported = memory_bound_api if memory_bound else api
         if choice == AS_ASKED:
             count(reported, "float16 as asked")
             return original(*args, **kwargs)
@@ -337,12 +339,12 @@ def by_policy(api, first, device_type, cache, count, regions, policy, rows_of, c
             choice = FLOAT32
         dtype = torch.bfloat16 if choice == BFLOAT16 else torch.float32
         if in_place:
-            count(reported, f"float16 computed in {choice}")
+            count(reported, _BECAME[choice])
             return _written_in_place(original, dtype, cache, args, kwargs)
         out = kwargs.get("out")
         if out is not None:
             return _written_to_out(original, dtype, cache, args, kwargs, count, reported, choice)
-        count(reported, f"float16 computed in {choice}")
+        count(reported, _BECAME[choice])
         if dtype is torch.bfloat16 and not _recording(tensors) and native.usable():
             result = _in_bfloat16_at_once(original, cache, args, kwargs)
             if result is not NotImplemented:
@@ -425,6 +427,10 @@ def _in_bfloat16_at_once(original, cache, args, kwargs):
                 and native.converted_into(result, result, HALF):
             return result.view(HALF)
     return _to_half(result, _operand_storages(wide))
+
+
+# What a float16 call computed by a choice became, for the report.
+_BECAME = {choice: f"float16 computed in {choice}" for choice in (BFLOAT16, FLOAT32)}
 
 
 def _written_in_place(method, dtype, cache, args, kwargs):
