@@ -414,16 +414,26 @@ def test_operands_split_off_one_projection_are_converted_as_it_once_and_views_re
         assert result.dtype == HALF and torch.equal(result, reference) and result.stride() == strides
 
 
-def test_a_layer_called_again_in_bfloat16_uses_its_kept_copy_only_while_the_weight_is_unchanged(speeds):
+@pytest.mark.parametrize("computed_in", ["bfloat16", "bfloat16, torch converting", "float32"])
+def test_a_layer_called_again_uses_its_kept_copy_only_while_the_weight_is_unchanged(speeds, computed_in):
     """The second call of a layer under no_grad takes the kept copy of its weight (the policy's
     one-frame path): its result is the first's, in memory of its own. A weight written in place,
-    given another storage, or written through ``.data`` is converted again at the next call."""
+    given another storage, or written through ``.data`` is converted again at the next call.
+    So in bfloat16, with the compiled conversion or torch's, and in float32."""
+    import contextlib
+    from cudashim.kernels import native
+    from cudashim.precision import FLOAT32, MatmulChoices
     torch.manual_seed(0)
     layer = torch.nn.Linear(64, 32).half().eval()
     x = torch.randn(4, 16, 64).half()
-    by_hand = lambda: _by_hand_in_bfloat16(F.linear, x, layer.weight, layer.bias)   # noqa: E731
-    _bfloat16_products(speeds)
-    with torch.no_grad():
+    if computed_in == "float32":
+        by_hand = lambda: F.linear(x.float(), layer.weight.float(), layer.bias.float()).half()   # noqa: E731
+        speeds(SLOW_BOTH, matmuls=MatmulChoices(FLOAT32, FLOAT32, 4, "test"), report=True)
+    else:
+        by_hand = lambda: _by_hand_in_bfloat16(F.linear, x, layer.weight, layer.bias)   # noqa: E731
+        _bfloat16_products(speeds)
+    converting = native.portable_only() if "torch" in computed_in else contextlib.nullcontext()
+    with torch.no_grad(), converting:
         first, second = layer(x), layer(x)
         assert torch.equal(first, by_hand()) and torch.equal(second, first)
         assert second.dtype == HALF and second._base is None
@@ -434,7 +444,7 @@ def test_a_layer_called_again_in_bfloat16_uses_its_kept_copy_only_while_the_weig
         assert torch.equal(layer(x), by_hand())
         layer.weight.data.copy_(torch.randn(32, 64).half())       # no version moves
         assert torch.equal(layer(x), by_hand())
-    assert _counted("torch.nn.functional.linear") == "float16 computed in bfloat16"
+    assert _counted("torch.nn.functional.linear") == f"float16 computed in {computed_in.split(',')[0]}"
 
 
 def test_a_tensor_is_dense_in_any_order_of_its_dimensions_and_staged_as_empty_like_lays_it_out():

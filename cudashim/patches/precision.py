@@ -345,8 +345,8 @@ def by_policy(api, first, device_type, cache, count, regions, policy, rows_of, c
         if out is not None:
             return _written_to_out(original, dtype, cache, args, kwargs, count, reported, choice)
         count(reported, _BECAME[choice])
-        if dtype is torch.bfloat16 and not _recording(tensors) and native.usable():
-            result = _in_bfloat16_at_once(original, cache, args, kwargs)
+        if not _recording(tensors):
+            result = _at_once(original, dtype, cache, args, kwargs)
             if result is not NotImplemented:
                 return result
         return _computed_and_rounded(original, dtype, cache, args, kwargs, tensors)
@@ -373,8 +373,8 @@ def by_policy(api, first, device_type, cache, count, regions, policy, rows_of, c
     return compiled_twin(gate, computed_by_policy)
 
 
-def _in_bfloat16_at_once(original, cache, args, kwargs):
-    """``_computed_and_rounded(original, bfloat16, ...)`` in one frame, for the call nearly every
+def _at_once(original, dtype, cache, args, kwargs):
+    """``_computed_and_rounded(original, dtype, ...)`` in one frame, for the call nearly every
     float16 model makes in inference: no gradient recorded, and positional operands that are
     parameters with a kept copy, plain host tensors, or views split off one projection; no
     tensor among the keywords. The same kept copies, buffers, conversions and rounding as the
@@ -384,11 +384,12 @@ def _in_bfloat16_at_once(original, cache, args, kwargs):
     for value in kwargs.values():
         if isinstance(value, (torch.Tensor, list, tuple)):
             return NotImplemented
+    reduced = dtype is torch.bfloat16 and native.usable()     # the compiled conversion runs
     copies, wide, plain, bases = cache.copies, list(args), [], False
     for index, value in enumerate(args):
         kind = value.__class__
         if kind is torch.nn.Parameter:
-            kept = copies.get((id(value), torch.bfloat16))
+            kept = copies.get((id(value), dtype))
             if kept is None or kept[0]() is not value or kept[1] != value._version \
                     or kept[2]() is not value.untyped_storage():
                 return NotImplemented                   # widened and kept by the general path
@@ -404,29 +405,32 @@ def _in_bfloat16_at_once(original, cache, args, kwargs):
     lent = len(scratch.lent)
     result = ()
     try:
-        together = _converted_together([args[index] for index in plain], torch.bfloat16, scratch) \
+        together = _converted_together([args[index] for index in plain], dtype, scratch) \
             if bases else None
         for index in plain:
             value = args[index]
             if together and id(value) in together:
                 wide[index] = together[id(value)]
             elif native.dense(value):
-                buffer = scratch._borrowed(value.numel() * 2, torch.bfloat16, value.size(), value.stride())
-                if not native.converted_into(value, buffer, torch.bfloat16):
-                    buffer.copy_(value.float())
+                buffer = scratch._borrowed(value.numel() * dtype.itemsize, dtype, value.size(),
+                                           value.stride())
+                if not (reduced and native.converted_into(value, buffer, dtype)):
+                    # by way of float32, as ``converted`` goes: torch converts float16 to
+                    # bfloat16 element by element
+                    buffer.copy_(value.float() if dtype is torch.bfloat16 else value)
                 wide[index] = buffer
             else:
-                wide[index] = scratch.converted(value, torch.bfloat16)
+                wide[index] = scratch.converted(value, dtype)
         result = original(*wide, **kwargs)
     finally:
         scratch.given_back(lent, result)
-    if result.__class__ is torch.Tensor and result.dtype is torch.bfloat16 and native.dense(result) \
-            and not result.is_nested:
+    if reduced and result.__class__ is torch.Tensor and result.dtype is torch.bfloat16 \
+            and native.dense(result) and not result.is_nested:
         operands = _operand_storages(wide)
         if operands is not None and result.untyped_storage().data_ptr() not in operands \
                 and native.converted_into(result, result, HALF):
             return result.view(HALF)
-    return _to_half(result, _operand_storages(wide))
+    return _to_half(result, _operand_storages(wide) if reduced else None)
 
 
 # What a float16 call computed by a choice became, for the report.
