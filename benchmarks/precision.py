@@ -1,7 +1,7 @@
 """Precision requests at the target's speed: unmodified CUDA programs under the shim against
 hand ports written the best way for this machine, and against taking the request literally.
 
-    python benchmarks/precision.py [--json benchmarks/results-precision.json] [--runs 3]
+    python benchmarks/precision.py [--json benchmarks/results-precision.json] [--runs 5]
 
 Three CUDA programs, each run three ways in one invocation, each in processes of its own:
 
