@@ -1007,6 +1007,8 @@ def test_an_op_timed_faster_in_float32_is_computed_there_and_the_others_are_left
            "layer_norm": F.layer_norm(x, (6,))}
     for name, value in got.items():
         assert value.dtype == expected[name].dtype and torch.equal(value, expected[name]), name
+    with torch.no_grad():                       # the second call from the weights' kept copies
+        assert all(torch.equal(norm(x), expected["module"]) for _ in range(2))
     assert _counted("torch.nn.functional.group_norm") == "float16 computed in float32 (measured faster here)"
     assert _counted("torch.nn.functional.softmax") == "float16 computed in float32 (measured faster here)"
     table = "\n".join(cudashim.activation.current_activation().precision.describe())

@@ -25,8 +25,10 @@ convert every weight on every token; an optimizer step, and a read of a paramete
 ``.data``, drop them.
 
 The other float16 ops a model runs (normalization, softmax, pooling, GELU, resampling) are
-computed in float32 only where the host measured that faster (``by_measurement``); elsewhere,
-most hosts, they run as asked and are not wrapped at all.
+computed in float32 only where the host measured that faster by a clear margin
+(``by_measurement``, ``tables/float16_ops.WIDEN_BELOW``); elsewhere, most hosts, they run as
+asked and are not wrapped at all. A call with no gradient recorded, kept parameters and plain
+host operands, nearly every call of inference, is computed in one frame (``_at_once``).
 
 Where the target has a reduced-precision float32 matmul, the program's own TF32 flags
 (``torch.backends.cuda.matmul.allow_tf32``, ``...matmul.fp32_precision``,
@@ -483,15 +485,19 @@ def by_measurement(api, device_type, cache, count, compiled, original):
     and its result rounded to float16 once. A call asking for an output dtype, inside an
     autocast region, or with other dtypes among its inputs goes to torch as it is."""
     def widened(*args, **kwargs):
+        tensors = _floating((*args, *kwargs.values()) if kwargs else args)
         if torch.is_autocast_enabled(device_type) or kwargs.get("dtype") is not None \
-                or any(value.__class__ is torch.dtype for value in args) \
-                or not _all_half(_floating((*args, *kwargs.values()))):
+                or any(value.__class__ is torch.dtype for value in args) or not _all_half(tensors):
             return original(*args, **kwargs)
         if kwargs.get("out") is not None:               # torch.pow(x, 3, out=y)
             return _written_to_out(original, torch.float32, cache, args, kwargs, count, api,
                                    "float32 (measured faster here)")
         count(api, "float16 computed in float32 (measured faster here)")
-        return _computed_and_rounded(original, torch.float32, cache, args, kwargs)
+        if not _recording(tensors):
+            result = _at_once(original, torch.float32, cache, args, kwargs)
+            if result is not NotImplemented:
+                return result
+        return _computed_and_rounded(original, torch.float32, cache, args, kwargs, tensors)
 
     @functools.wraps(original)
     def computed_by_measurement(*args, **kwargs):
