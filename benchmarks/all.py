@@ -335,11 +335,12 @@ def render_accelerator_programs(result):
 
 def render_reductions(result):
     lines = ["`python benchmarks/reductions.py`: long float32 reductions on the CPU backend, torch's own "
-             "kernels against cudashim's blocked ones (`cudashim/patches/reductions.py`), each relative "
+             "kernels against cudashim's (`cudashim/patches/reductions.py`: the compiled sums in double "
+             "where no gradient is recorded, else torch's kernel over blocks), each relative "
              "to the float64 result on positive values; cost: the two taking turns, median of the "
              f"per-turn ratios with their middle half (target <= {result['target']}x). "
              f"torch {result['torch']}, {result['threads']} threads.", "",
-             "| call | length | torch's error | blocked error | torch | blocked | cost (middle half) | met |",
+             "| call | length | torch's error | cudashim's error | torch | cudashim | cost (middle half) | met |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in result["rows"]:
         low, high = row["ratio_middle_half"]

@@ -1,5 +1,6 @@
-"""Long reductions on the CPU backend: how far torch's own kernels and cudashim's blocked ones
-(``cudashim/patches/reductions.py``) are from float64, and what the blocks cost.
+"""Long reductions on the CPU backend: how far torch's own kernels and cudashim's (the compiled
+sums in double, or torch's kernel over blocks: ``cudashim/patches/reductions.py``) are from
+float64, and what they cost.
 
     python benchmarks/reductions.py [--quick] [--json PATH]
 

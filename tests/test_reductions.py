@@ -67,6 +67,62 @@ def test_long_reductions_are_as_exact_as_cudas(shim, name):
     assert _relative(result, reference) < CUDA_LIKE, name
 
 
+def _sums(x, y):
+    """Every kind of long sum the compiled kernels take, as programs call them."""
+    return {"1-norm": x.norm(p=1), "2-norm": torch.linalg.vector_norm(x),
+            "2-norms of rows": x[:2 ** 22].view(4, -1).norm(dim=-1),
+            "1-norms of rows, keepdim": torch.linalg.vector_norm(x[:2 ** 22].view(2, -1), 1, -1, True),
+            "clip_grad_norm_": _clipped_norm(x, True), "dist": torch.dist(x, y),
+            "dist(p=1)": torch.dist(x, y, 1), "dot": torch.dot(x, y),
+            "cosine along a row": F.cosine_similarity(x[:2 ** 22].view(2, -1), y[:2 ** 22].view(2, -1), dim=-1)}
+
+
+def test_the_compiled_sums_give_the_same_bits_on_every_instruction_set_and_torchs_blocks_agree(shim):
+    """Each variant of the compiled kernels this CPU runs sums in the same order of operations,
+    so gives the same bits, within CUDA's bound of float64; the portable path (torch's blocks, as
+    under --pure-python) is within twice that."""
+    from cudashim.kernels import native
+    if not native.usable():
+        pytest.skip("the compiled kernels do not run here")
+    x, y = _long(), _long(seed=1)
+    by_variant = {}
+    for variant in native.variants():
+        if variant.runs_here:
+            with native.using_variant(variant.name):
+                by_variant[variant.name] = _sums(x, y)
+    with native.portable_only():
+        blocked = _sums(x, y)
+    reference = _sums(x.double(), y.double())
+    first, *others = by_variant.values()
+    for name, value in first.items():
+        assert value.dtype == torch.float32 and value.shape == reference[name].shape, name
+        assert all(torch.equal(value, other[name]) for other in others), name
+        assert _relative(value, reference[name]) < CUDA_LIKE, name
+        # torch's blocks of a 1-norm sum each block in one float32 lane: about 1.1e-6 here
+        assert _relative(blocked[name], reference[name]) < 2 * CUDA_LIKE, name
+
+
+def test_distances_and_long_one_norms_are_exact_from_where_the_norms_drift(shim):
+    """torch.dist drifts as a norm does from 2**20 elements (1e-5 there), and a 1-norm summed
+    over blocks of torch's kernel still drifts at 2**24 (1.5e-6): both within CUDA's bound now."""
+    x, y = _long(2 ** 21 + 3), _long(2 ** 21 + 3, seed=1)
+    for p in (1, 2):
+        assert _relative(torch.dist(x, y, p), torch.dist(x.double(), y.double(), p)) < CUDA_LIKE, p
+    big = _long(2 ** 24 + 5)
+    assert _relative(big.norm(p=1), big.double().norm(p=1)) < CUDA_LIKE
+
+
+def test_a_long_sum_keeps_what_torch_keeps_of_nans_and_infinities(shim):
+    x = _long()
+    for bad, norm in ((float("nan"), float("nan")), (float("inf"), float("inf")), (-float("inf"), float("inf"))):
+        poisoned = x.clone()
+        poisoned[12345] = bad
+        for value in (poisoned.norm(), poisoned.norm(p=1), torch.dist(poisoned, x)):
+            assert math.isnan(value.item()) if math.isnan(norm) else value.item() == norm, (bad, value)
+        product = torch.dot(poisoned, x).item()
+        assert math.isnan(product) if math.isnan(bad) else product == bad
+
+
 def test_blocked_norms_keep_shapes_dtypes_and_gradients(shim):
     x = _long()[: 2 ** 22].view(2, 2, -1)
     for dim, keepdim in ((None, False), (-1, True), ((1, 2), False), ([-1, -2], True)):

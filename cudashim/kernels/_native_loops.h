@@ -253,9 +253,100 @@ static void V(expand_part)(void *context, size_t start, size_t stop, size_t part
     }
 }
 
+/* ---- long reductions ------------------------------------------------------------------- */
+
+/* Terms are summed in float32 over a stretch of this many elements (four accumulators of eight
+ * lanes, eight terms each), and each stretch's sum is added to a double: the error is a float's
+ * rounding over 256 terms, not over the whole run, as CUDA's tree reductions keep it. */
+#define STRETCH 256
+
+/* |v|, lane by lane: the sign bits cleared (a macro: an f8 passed by value would have one calling
+ * convention with AVX and another without). */
+#define ABSOLUTE8(v) ((f8)((i8)(v) & 0x7fffffff))
+
+#define TERM_ABS(i) ABSOLUTE8(LOAD8(x + (i)))
+#define TERM_SQUARES(i) (LOAD8(x + (i)) * LOAD8(x + (i)))
+#define TERM_PRODUCTS(i) (LOAD8(x + (i)) * LOAD8(y + (i)))
+#define TERM_ABS_DIFFERENCES(i) ABSOLUTE8(LOAD8(x + (i)) - LOAD8(y + (i)))
+#define TERM_SQUARED_DIFFERENCES(i) ((LOAD8(x + (i)) - LOAD8(y + (i))) * (LOAD8(x + (i)) - LOAD8(y + (i))))
+
+/* The stretches of [start, stop) summed for one kind: a loop of its own, so that the kind is not
+ * decided per element. The last few elements go to lane 0, in order. */
+#define STRETCH_SUMS(TERM, scalar)                                                            \
+    for (begin = start; begin < stop; begin += STRETCH) {                                     \
+        const size_t end = begin + STRETCH < stop ? begin + STRETCH : stop;                   \
+        f8 a0 = {0, 0, 0, 0, 0, 0, 0, 0}, a1 = a0, a2 = a0, a3 = a0;                          \
+        size_t i = begin;                                                                     \
+        int k;                                                                                \
+        for (; i + 32 <= end; i += 32) {                                                      \
+            a0 += TERM(i);                                                                    \
+            a1 += TERM(i + 8);                                                                \
+            a2 += TERM(i + 16);                                                               \
+            a3 += TERM(i + 24);                                                               \
+        }                                                                                     \
+        for (; i + 8 <= end; i += 8)                                                          \
+            a0 += TERM(i);                                                                    \
+        for (; i < end; i++)                                                                  \
+            a0[0] += (scalar);                                                                \
+        a0 = (a0 + a1) + (a2 + a3);                                                           \
+        for (k = 0; k < 8; k++)                                                               \
+            total += a0[k];                                                                   \
+    }
+
+/* The kind's terms over x[start:stop] (and y's), summed stretch by stretch into a double. */
+static double V(sum_terms)(const float *x, const float *y, size_t start, size_t stop, int kind)
+{
+    double total = 0.0;
+    size_t begin;
+    switch (kind) {
+    case SUM_ABS:
+        STRETCH_SUMS(TERM_ABS, fabsf(x[i]))
+        break;
+    case SUM_SQUARES:
+        STRETCH_SUMS(TERM_SQUARES, x[i] * x[i])
+        break;
+    case SUM_PRODUCTS:
+        STRETCH_SUMS(TERM_PRODUCTS, x[i] * y[i])
+        break;
+    case SUM_ABS_DIFFERENCES:
+        STRETCH_SUMS(TERM_ABS_DIFFERENCES, fabsf(x[i] - y[i]))
+        break;
+    default:
+        STRETCH_SUMS(TERM_SQUARED_DIFFERENCES, (x[i] - y[i]) * (x[i] - y[i]))
+        break;
+    }
+    return total;
+}
+
+/* A part of one run: its sum, folded with the other parts' by the caller. */
+static void V(reduce_part)(void *context, size_t start, size_t stop, size_t part)
+{
+    Reduction *r = (Reduction *)context;
+    r->sums[part] = V(sum_terms)(r->x, r->y, start, stop, r->kind);
+}
+
+/* Whole rows, [start, stop) being row bounds: each row's result. */
+static void V(reduce_rows_part)(void *context, size_t start, size_t stop, size_t part)
+{
+    Reduction *r = (Reduction *)context;
+    size_t row;
+    for (row = start; row < stop; row += r->run)
+        r->out[row / r->run] = reduction_result(
+            V(sum_terms)(r->x + row, r->y ? r->y + row : NULL, 0, r->run, r->kind), r->kind);
+}
+
+#undef STRETCH_SUMS
+#undef ABSOLUTE8
+#undef TERM_ABS
+#undef TERM_SQUARES
+#undef TERM_PRODUCTS
+#undef TERM_ABS_DIFFERENCES
+#undef TERM_SQUARED_DIFFERENCES
+#undef STRETCH
+
 static const Loops V(loops) = {
     V(pack_part), V(unpack_part), V(compensate_part), V(server_part), V(residue_part),
-    V(pack_signs_part), V(expand_part),
+    V(pack_signs_part), V(expand_part), V(reduce_part), V(reduce_rows_part),
 };
 
 #undef V

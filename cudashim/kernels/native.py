@@ -110,6 +110,17 @@ def _disagreement_with_portable() -> Optional[str]:
     if not torch.equal(signs, bits.pack_signs(expected)) or not math.isclose(
             scale.item(), expected.norm().item() / math.sqrt(expected.numel()), rel_tol=1e-5):
         return "the compression"
+    wide = finite.double()
+    for kind, expected in ((SUM_ABS, wide.abs().sum()), (SUM_SQUARES, wide.norm()),
+                           (SUM_PRODUCTS, wide.dot(wide.flip(0))),
+                           (SUM_ABS_DIFFERENCES, (wide - wide.flip(0)).abs().sum()),
+                           (SUM_SQUARED_DIFFERENCES, (wide - wide.flip(0)).norm())):
+        flipped = finite.flip(0).contiguous()
+        ours = long_sums(kind, finite, flipped if kind in _TWO_INPUTS else None, 3)
+        if ours is None or not math.isclose(ours.double().sum().item() if kind not in
+                                            (SUM_SQUARES, SUM_SQUARED_DIFFERENCES)
+                                            else ours.double().norm().item(), expected.item(), rel_tol=1e-6):
+            return f"the long sums (kind {kind})"
     # infinities at both ends, NaNs and subnormals between
     halves = torch.linspace(-70000, 70000, 1000, dtype=torch.float32, **host).half()
     halves[::9] = float("nan")
@@ -280,6 +291,37 @@ def compress_server(signs: torch.Tensor, scales: torch.Tensor, error: torch.Tens
     scale = _native.compress_server_f32(signs.data_ptr(), scales.numel(), scales.data_ptr(),
                                         error.data_ptr(), error.numel(), packed.data_ptr(), _threads())
     return torch.tensor(scale, dtype=torch.float32), packed
+
+
+# What ``long_sums`` adds up, term by term (the kinds of ``_native.reduce_f32``, in its order).
+SUM_ABS, SUM_SQUARES, SUM_PRODUCTS, SUM_ABS_DIFFERENCES, SUM_SQUARED_DIFFERENCES = range(5)
+_TWO_INPUTS = (SUM_PRODUCTS, SUM_ABS_DIFFERENCES, SUM_SQUARED_DIFFERENCES)
+
+
+def long_sums(kind: int, x: torch.Tensor, y: Optional[torch.Tensor] = None,
+              rows: int = 1) -> Optional[torch.Tensor]:
+    """Each of ``rows`` equal runs of ``x``'s elements (and ``y``'s, for the kinds of two inputs)
+    summed term by term in double, as a float32 host tensor of ``rows`` values: the sum of |x|,
+    of x*y or of |x - y|, or the square root of the sum of x^2 or (x - y)^2 (a 2-norm, a
+    Euclidean distance). Terms are added in float32 over stretches of 256 and the stretches in
+    double: as exact as CUDA's tree reductions, where torch's CPU kernels drift over millions.
+    None where it does not apply: inputs that are not plain contiguous float32 host tensors of
+    one length, a gradient to record (the result would not be on autograd's graph), tracing
+    under torch.compile. The caller has checked ``usable()``, as for the kernels above."""
+    inputs = (x, y) if kind in _TWO_INPUTS else (x,)
+    for tensor in inputs:
+        if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or tensor.dtype is not torch.float32 \
+                or not tensor.is_cpu or not tensor.is_contiguous() \
+                or (tensor.requires_grad and torch.is_grad_enabled()):
+            return None
+    n = x.numel()
+    if not n or rows < 1 or n % rows or (len(inputs) == 2 and y.numel() != n) \
+            or torch.compiler.is_compiling():
+        return None
+    out = torch.empty(rows, dtype=torch.float32, device="cpu")
+    _native.reduce_f32(x.data_ptr(), y.data_ptr() if len(inputs) == 2 else 0, rows, n // rows, kind,
+                       out.data_ptr(), _threads())
+    return out
 
 
 _REDUCED = (torch.float16, torch.bfloat16)

@@ -9,11 +9,19 @@ is off by 1e-4 to 5e-4, of 2**26 by 2e-3 to 4e-3, where CUDA's tree reductions s
 1e-7. A CUDA
 program that checks a flattened gradient's norm against a reference (DeepSpeed's 1-bit
 backend tests), or clips by it, would see the CPU's drift. On the CPU backend such calls,
-past a length where the drift shows, are split into blocks: torch's kernel reduces each
-block, then the blocks' results, as CUDA's reduction does. A norm is the norm of its blocks'
-norms (for any finite nonzero order), a dot the sum of its blocks' dots; both stay
-differentiable. The blocked 2-norm runs faster than torch's single pass (0.6-0.9x), other
-orders, dots and ``mv`` at 1.05-1.15x (``benchmarks/reductions.py``).
+past a length where the drift shows, are summed as CUDA's reduction keeps them exact.
+
+- Where no gradient is recorded through a float32 input, the compiled host kernels
+  (``native.long_sums``) sum 1- and 2-norms, dots, distances and cosine similarities in one
+  pass: terms in float32 over stretches of 256, the stretches in double. That takes 0.2-0.7x
+  torch's own time for the norms and distances, about 1.0-1.1x for dots.
+- Elsewhere (other orders, float16 and bfloat16 inputs, a gradient to record, no compiled
+  kernels) the call is split into blocks: torch's kernel reduces each block, then the blocks'
+  results. A norm is the norm of its blocks' norms (for any finite nonzero order), a dot the sum
+  of its blocks' dots; both stay differentiable. The blocked 2-norm runs faster than torch's
+  single pass (0.6-0.9x), other orders, dots and ``mv`` at 1.05-1.15x.
+
+``benchmarks/reductions.py`` measures both against torch's own calls.
 
 Shorter calls, dtypes torch does not reduce in float32, orders 0 and ±inf (exact as they
 are), ``out=`` and float64 ``dtype=`` arguments, and reductions whose elements are not one
@@ -27,6 +35,7 @@ import math
 
 import torch
 
+from ..kernels import native
 from ..patching.rewriter import compiled_twin
 
 # A norm over at least this many elements per result is blocked: below it torch's drift is
@@ -40,9 +49,10 @@ NORM_BLOCK = 4096
 DOT_BLOCKED_FROM = 2 ** 23
 DOT_BLOCK = 2 ** 20
 MV_BLOCK = 2 ** 18             # BLAS's gemv drifts sooner than its dot (4e-6 at 2**20)
-# torch's dist drifts as its norm does (1.4e-5 at 2**20), and is blocked by calls to itself:
-# blocks of 2**16 keep to 3e-7; their calls cost 1.2x torch's at 2**22, 1.5x at 2**21 (left
-# to torch there), 0.6x at 2**24.
+# torch's dist drifts as its norm does (1.4e-5 at 2**20). The compiled kernel sums it from
+# NORM_BLOCKED_FROM; elsewhere (another order or dtype, a gradient to record) it is blocked by
+# calls to itself: blocks of 2**16 keep to 3e-7; their calls cost 1.2x torch's at 2**22, 1.5x
+# at 2**21 (left to torch there), 0.6x at 2**24.
 DIST_BLOCKED_FROM = 2 ** 22
 DIST_BLOCK = 2 ** 16
 
@@ -63,7 +73,7 @@ def install(activation):
             (torch.linalg, "vector_norm", _vector_norm, NORM_BLOCKED_FROM, 1),
             (torch.linalg, "norm", _linalg_norm, NORM_BLOCKED_FROM, 1),
             (torch, "_foreach_norm", _foreach_norm, None, 0),
-            (torch, "dist", _dist, DIST_BLOCKED_FROM, 2),
+            (torch, "dist", _dist, NORM_BLOCKED_FROM, 2),
             (torch, "cosine_similarity", _cosine_similarity, NORM_BLOCKED_FROM, 1),
             (torch.nn.functional, "cosine_similarity", _cosine_similarity, NORM_BLOCKED_FROM, 1),
             *((owner, name, _dot, DOT_BLOCKED_FROM, 2) for owner in (torch, torch.Tensor)
@@ -114,12 +124,28 @@ def _blockable_norm(x, ord, dim, dtype):
 
 
 def blocked_norm(vector_norm, x, ord, reduced, keepdim, dtype):
-    """torch's ``vector_norm`` of ``x`` over its ``reduced`` (run, dimensions), as the norm
-    of its blocks' norms, accumulated in float32 (or ``dtype``)."""
+    """torch's ``vector_norm`` of ``x`` over its ``reduced`` (run, dimensions): summed in double
+    by the compiled kernel where it applies (``_summed_norms``), else as the norm of its blocks'
+    norms, accumulated in float32 (or ``dtype``)."""
     run, dims = reduced
-    norms = _norm_of_blocks(vector_norm, x.reshape(-1, run), ord, torch.float32 if dtype is None else dtype)
+    norms = _summed_norms(x, ord, run, dtype)
+    if norms is None:
+        norms = _norm_of_blocks(vector_norm, x.reshape(-1, run), ord,
+                                torch.float32 if dtype is None else dtype)
     kept = x.shape[:x.dim() - dims]
     return norms.reshape(kept + ((1,) * dims if keepdim else ())).to(x.dtype if dtype is None else dtype)
+
+
+def _summed_norms(x, ord, run, dtype):
+    """The 1- or 2-norm of each run of ``run`` elements of a float32 ``x``, summed in double by
+    the compiled kernel (``native.long_sums``): a single pass, 0.2-0.7x torch's time, where
+    torch's blocks cost 1.0-1.3x. None where it does not apply (another order or dtype, a
+    gradient to record, no compiled kernels): the blocks then."""
+    if (ord != 1 and ord != 2) or (dtype is not None and dtype is not torch.float32) \
+            or not native.usable():
+        return None
+    return native.long_sums(native.SUM_ABS if ord == 1 else native.SUM_SQUARES, x,
+                            rows=x.numel() // run)
 
 
 def _norm_of_blocks(vector_norm, rows, ord, accumulate):
@@ -222,6 +248,14 @@ def _dist(api, count, vector_norm, original):
     distance itself under 2**22 elements). Broadcast inputs: the norm of the difference."""
     @functools.wraps(original)
     def accurate_dist(x, other, p=2):
+        if type(x) in _PLAIN and type(other) in _PLAIN and x.shape == other.shape \
+                and x.dtype is torch.float32 and other.dtype is torch.float32 \
+                and (p == 1 or p == 2) and x.numel() >= NORM_BLOCKED_FROM and native.usable():
+            summed = native.long_sums(native.SUM_ABS_DIFFERENCES if p == 1
+                                      else native.SUM_SQUARED_DIFFERENCES, x, other)
+            if summed is not None:
+                count(api, BLOCKED)
+                return summed.reshape(())
         if type(x) in _PLAIN and type(other) in _PLAIN and other.dtype == x.dtype \
                 and max(x.numel(), other.numel()) >= DIST_BLOCKED_FROM:
             if x.shape == other.shape and x.is_contiguous() and other.is_contiguous():
@@ -251,6 +285,9 @@ def _cosine_similarity(api, count, vector_norm, original):
             second = _blockable_norm(x2, 2, dim, None) if first is not None else None
             if second is not None:
                 count(api, BLOCKED)
+                summed = _summed_cosines(x1, x2, first, eps)
+                if summed is not None:
+                    return summed
                 norm1 = blocked_norm(vector_norm, x1, 2, first, True, None).clamp_min(eps)
                 norm2 = blocked_norm(vector_norm, x2, 2, second, True, None).clamp_min(eps)
                 return ((x1 / norm1) * (x2 / norm2)).sum(dim)
@@ -258,6 +295,23 @@ def _cosine_similarity(api, count, vector_norm, original):
             return original(x1, x2, *args, **kwargs)
         return original(x1, x2)
     return accurate_cosine_similarity
+
+
+def _summed_cosines(x1, x2, reduced, eps):
+    """Each run's dot product over the product of its two norms (each at least ``eps``, as torch
+    clamps them), the three summed in double by the compiled kernel and divided in double: no
+    normalized copies of the inputs, which cost more than the sums. None where it does not apply."""
+    run, dims = reduced
+    rows = x1.numel() // run
+    if x1.dtype is not torch.float32 or not native.usable():
+        return None
+    dots = native.long_sums(native.SUM_PRODUCTS, x1, x2, rows)
+    norms1 = native.long_sums(native.SUM_SQUARES, x1, rows=rows) if dots is not None else None
+    norms2 = native.long_sums(native.SUM_SQUARES, x2, rows=rows) if norms1 is not None else None
+    if norms2 is None:
+        return None
+    cosines = dots.double() / (norms1.double().clamp_min(eps) * norms2.double().clamp_min(eps))
+    return cosines.float().reshape(x1.shape[:x1.dim() - dims])
 
 
 def _cosine_arguments(dim=1, eps=1e-8):
@@ -279,6 +333,9 @@ def _dot(api, count, vector_norm, original):
         if not _blockable_dot(x, y) or x.dim() != 1 or x.numel() != y.numel():
             return original(x, y)
         count(api, BLOCKED)
+        summed = native.long_sums(native.SUM_PRODUCTS, x, y) if native.usable() else None
+        if summed is not None:
+            return summed.reshape(())
         return torch.stack([original(a, b) for a, b in zip(x.split(DOT_BLOCK), y.split(DOT_BLOCK))]).sum()
     return accurate_dot
 
