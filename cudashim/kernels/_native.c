@@ -17,6 +17,7 @@
 #include <Python.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -196,12 +197,21 @@ typedef int32_t i8 __attribute__((vector_size(32)));
  * run of the same length in y): |x|, x^2, x*y, |x - y|, (x - y)^2. */
 enum { SUM_ABS, SUM_SQUARES, SUM_PRODUCTS, SUM_ABS_DIFFERENCES, SUM_SQUARED_DIFFERENCES };
 
+/* A long reduction is summed in chunks of this many elements, which threads take one at a time
+ * as they finish the last: a thread that torch's own pool keeps from its core (its workers spin
+ * for a while after each of torch's ops) then takes fewer, where a fixed share would hold up the
+ * call (a dot of 2^24 floats took 2.4-3.8 ms in halves right after a torch op, 1.5 ms alone).
+ * The chunks' sums are folded in order: the result does not depend on the threads at all. */
+#define REDUCTION_CHUNK ((size_t)1 << 16)
 typedef struct {
     const float *x, *y;
     int kind;
-    size_t run;                      /* the row-parallel loop: each row's length */
-    float *out;                      /* the row-parallel loop: each row's result */
-    double sums[MAX_PARTS];          /* the run-parallel loop: each part's sum */
+    size_t run;                      /* each row's length */
+    size_t chunks_per_row;
+    double *sums;                    /* each chunk's sum, rows after rows */
+    size_t next;                     /* the next chunk to take (atomic) */
+    size_t chunks;
+    void (*sum_chunk)(void *context, size_t chunk);
 } Reduction;
 
 /* A run's sum as the caller asked for it: the sum, or its square root for the squares (a
@@ -215,7 +225,8 @@ static float reduction_result(double total, int kind)
 
 /* One variant's loops (see _native_loops.h). */
 typedef struct {
-    PartBody pack, unpack, compensate, server, residue, pack_signs, expand, reduce, reduce_rows;
+    PartBody pack, unpack, compensate, server, residue, pack_signs, expand;
+    void (*sum_chunk)(void *context, size_t chunk);
 } Loops;
 
 /* ---- the variants, one per instruction set ------------------------------------------------ */
@@ -666,21 +677,31 @@ static PyObject *convert_reduced(PyObject *module, PyObject *const *args, Py_ssi
 
 /* ---- long reductions in double ------------------------------------------------------------ */
 
-/* Below this many elements a run is summed on one thread: starting threads costs more than
- * they save (2^20 floats: 42 us on one thread, 66 us on two, AVX-512 EPYC). */
+/* Below this many elements in all a reduction runs on one thread: starting one costs more than
+ * it saves (2^20 floats: 42 us on one thread, 66 us on two, AVX-512 EPYC). */
 #define REDUCTION_ELEMENTS_PER_THREAD ((size_t)1 << 21)
+
+static void *take_chunks(void *argument)
+{
+    Reduction *r = (Reduction *)argument;
+    for (;;) {
+        size_t chunk = __atomic_fetch_add(&r->next, 1, __ATOMIC_RELAXED);
+        if (chunk >= r->chunks)
+            return NULL;
+        r->sum_chunk(r, chunk);
+    }
+}
 
 /* reduce_f32(x, y, rows, run, kind, out, threads): for each of rows runs of run contiguous
  * float32 elements of x (and of y, for the two-input kinds), the sum of the kind's terms in
  * double, written to out[row] as float32: the sum itself, or its square root for the squares
- * (a 2-norm, a Euclidean distance). Rows enough to go round the threads are shared out whole;
- * fewer are each split over the threads, on block bounds, their parts' sums folded in order. A
- * row's result does not depend on the threads beyond the last bits of a double. */
+ * (a 2-norm, a Euclidean distance). */
 static PyObject *reduce_f32(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     uintptr_t a[7];
     Reduction r;
-    size_t rows, row, threads;
+    size_t rows, row, threads, t;
+    float *out;
     if (!parse_addresses(args, nargs, 7, "reduce_f32", a))
         return NULL;
     if (a[4] > SUM_SQUARED_DIFFERENCES) {
@@ -688,28 +709,49 @@ static PyObject *reduce_f32(PyObject *module, PyObject *const *args, Py_ssize_t 
         return NULL;
     }
     rows = (size_t)a[2];
+    r.x = (const float *)a[0];
+    r.y = (const float *)a[1];
     r.run = (size_t)a[3];
     r.kind = (int)a[4];
-    r.out = (float *)a[5];
-    threads = r.run >= REDUCTION_ELEMENTS_PER_THREAD ? (size_t)a[6] : 1;
+    out = (float *)a[5];
+    r.chunks_per_row = (r.run + REDUCTION_CHUNK - 1) / REDUCTION_CHUNK;
+    r.chunks = rows * r.chunks_per_row;
+    r.next = 0;
+    r.sum_chunk = current->loops->sum_chunk;
+    if (r.chunks == 0)
+        Py_RETURN_NONE;
+    r.sums = (double *)malloc(r.chunks * sizeof(double));
+    if (r.sums == NULL)
+        return PyErr_NoMemory();
+    threads = rows * r.run >= REDUCTION_ELEMENTS_PER_THREAD ? (size_t)a[6] : 1;
+    if (threads > r.chunks)
+        threads = r.chunks;
+    if (threads > MAX_PARTS)
+        threads = MAX_PARTS;
     Py_BEGIN_ALLOW_THREADS
-    if (rows > 1 && rows >= threads) {
-        r.x = (const float *)a[0];
-        r.y = (const float *)a[1];
-        parallel_for(rows * r.run, r.run, threads, current->loops->reduce_rows, &r);
-    } else {
+    {
+#if !defined(_WIN32)
+        pthread_t handles[MAX_PARTS];
+        int started[MAX_PARTS];
+        for (t = 1; t < threads; t++)
+            started[t] = pthread_create(&handles[t], NULL, take_chunks, &r) == 0;
+        take_chunks(&r);
+        for (t = 1; t < threads; t++)
+            if (started[t])
+                pthread_join(handles[t], NULL);
+#else
+        take_chunks(&r);
+#endif
         for (row = 0; row < rows; row++) {
-            size_t parts, p;
             double total = 0.0;
-            r.x = (const float *)a[0] + row * r.run;
-            r.y = a[1] ? (const float *)a[1] + row * r.run : NULL;
-            parts = parallel_for(r.run, BLOCK, threads, current->loops->reduce, &r);
-            for (p = 0; p < parts; p++)
-                total += r.sums[p];
-            r.out[row] = reduction_result(total, r.kind);
+            size_t k;
+            for (k = 0; k < r.chunks_per_row; k++)
+                total += r.sums[row * r.chunks_per_row + k];
+            out[row] = reduction_result(total, r.kind);
         }
     }
     Py_END_ALLOW_THREADS
+    free(r.sums);
     Py_RETURN_NONE;
 }
 

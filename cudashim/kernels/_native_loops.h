@@ -318,21 +318,14 @@ static double V(sum_terms)(const float *x, const float *y, size_t start, size_t 
     return total;
 }
 
-/* A part of one run: its sum, folded with the other parts' by the caller. */
-static void V(reduce_part)(void *context, size_t start, size_t stop, size_t part)
+/* One chunk of a long reduction (see reduce_f32): its sum, in its place. */
+static void V(sum_chunk)(void *context, size_t chunk)
 {
     Reduction *r = (Reduction *)context;
-    r->sums[part] = V(sum_terms)(r->x, r->y, start, stop, r->kind);
-}
-
-/* Whole rows, [start, stop) being row bounds: each row's result. */
-static void V(reduce_rows_part)(void *context, size_t start, size_t stop, size_t part)
-{
-    Reduction *r = (Reduction *)context;
-    size_t row;
-    for (row = start; row < stop; row += r->run)
-        r->out[row / r->run] = reduction_result(
-            V(sum_terms)(r->x + row, r->y ? r->y + row : NULL, 0, r->run, r->kind), r->kind);
+    const size_t row = chunk / r->chunks_per_row, within = chunk % r->chunks_per_row;
+    const size_t start = row * r->run + within * REDUCTION_CHUNK;
+    const size_t stop = row * r->run + ((within + 1) * REDUCTION_CHUNK < r->run ? (within + 1) * REDUCTION_CHUNK : r->run);
+    r->sums[chunk] = V(sum_terms)(r->x, r->y, start, stop, r->kind);
 }
 
 #undef STRETCH_SUMS
@@ -346,7 +339,7 @@ static void V(reduce_rows_part)(void *context, size_t start, size_t stop, size_t
 
 static const Loops V(loops) = {
     V(pack_part), V(unpack_part), V(compensate_part), V(server_part), V(residue_part),
-    V(pack_signs_part), V(expand_part), V(reduce_part), V(reduce_rows_part),
+    V(pack_signs_part), V(expand_part), V(sum_chunk),
 };
 
 #undef V

@@ -12,14 +12,19 @@ backend tests), or clips by it, would see the CPU's drift. On the CPU backend su
 past a length where the drift shows, are summed as CUDA's reduction keeps them exact.
 
 - Where no gradient is recorded through a float32 input, the compiled host kernels
-  (``native.long_sums``) sum 1- and 2-norms, dots, distances and cosine similarities in one
-  pass: terms in float32 over stretches of 256, the stretches in double. That takes 0.2-0.7x
-  torch's own time for the norms and distances, about 1.0-1.1x for dots.
+  (``native.long_sums``) sum 1- and 2-norms, distances and cosine similarities in one pass:
+  terms in float32 over stretches of 256, the stretches in double. Whole norms and distances
+  take 0.1-0.8x torch's own time, cosine similarities 0.1-0.7x (no normalized copies), norms
+  over the last dimension of a few long rows about 1.0-1.2x (torch's kernel for those shares
+  the rows out well).
 - Elsewhere (other orders, float16 and bfloat16 inputs, a gradient to record, no compiled
-  kernels) the call is split into blocks: torch's kernel reduces each block, then the blocks'
-  results. A norm is the norm of its blocks' norms (for any finite nonzero order), a dot the sum
-  of its blocks' dots; both stay differentiable. The blocked 2-norm runs faster than torch's
-  single pass (0.6-0.9x), other orders, dots and ``mv`` at 1.05-1.15x.
+  kernels), and for ``dot``, ``vdot`` and ``mv`` always, the call is split into blocks: torch's
+  kernel reduces each block, then the blocks' results. A norm is the norm of its blocks' norms
+  (for any finite nonzero order), a dot the sum of its blocks' dots; both stay differentiable.
+  The blocked 2-norm runs faster than torch's single pass (0.6-0.9x), other orders, dots and
+  ``mv`` at 1.05-1.15x. Dots keep BLAS, which streams two inputs faster than one core of the
+  compiled kernels can, and runs on torch's own threads: the compiled kernels' second thread
+  shares its core with torch's pool, whose workers spin for a while after each op.
 
 ``benchmarks/reductions.py`` measures both against torch's own calls.
 
@@ -333,9 +338,6 @@ def _dot(api, count, vector_norm, original):
         if not _blockable_dot(x, y) or x.dim() != 1 or x.numel() != y.numel():
             return original(x, y)
         count(api, BLOCKED)
-        summed = native.long_sums(native.SUM_PRODUCTS, x, y) if native.usable() else None
-        if summed is not None:
-            return summed.reshape(())
         return torch.stack([original(a, b) for a, b in zip(x.split(DOT_BLOCK), y.split(DOT_BLOCK))]).sum()
     return accurate_dot
 
