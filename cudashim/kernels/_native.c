@@ -1,10 +1,11 @@
-/* Host-memory fast paths for cudashim.kernels: bit packing, the 1-bit compression steps, and
- * conversions between float16 and bfloat16 (for the precision policy).
+/* Host-memory fast paths for cudashim.kernels: bit packing, the 1-bit compression steps,
+ * conversions between float16 and bfloat16 (for the precision policy), and long float32 sums in
+ * double (norms, distances and cosine similarities as exact as CUDA's: patches/reductions.py).
  *
  * The functions take raw addresses and sizes from the Python side (native.py), which hands
  * over only contiguous CPU tensors of the right dtype and length, and the number of threads
  * torch is told to use. Each loop runs without the GIL, split into contiguous parts over
- * that many threads. They are the same arithmetic as the portable torch versions
+ * that many threads (the long sums into chunks the threads take in turn). They are the same arithmetic as the portable torch versions
  * (compressed.py, bits.py), in one or two passes over memory where the torch versions make
  * several, each with a temporary.
  *

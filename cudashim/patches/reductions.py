@@ -12,19 +12,18 @@ backend tests), or clips by it, would see the CPU's drift. On the CPU backend su
 past a length where the drift shows, are summed as CUDA's reduction keeps them exact.
 
 - Where no gradient is recorded through a float32 input, the compiled host kernels
-  (``native.long_sums``) sum 1- and 2-norms, distances and cosine similarities in one pass:
-  terms in float32 over stretches of 256, the stretches in double. Whole norms and distances
-  take 0.1-0.8x torch's own time, cosine similarities 0.1-0.7x (no normalized copies), norms
-  over the last dimension of a few long rows about 1.0-1.2x (torch's kernel for those shares
-  the rows out well).
+  (``native.long_sums``) sum whole 1- and 2-norms, distances and cosine similarities in one
+  pass: terms in float32 over stretches of 256, the stretches in double. Norms and distances
+  take 0.1-0.8x torch's own time, cosine similarities 0.1-0.7x (no normalized copies).
 - Elsewhere (other orders, float16 and bfloat16 inputs, a gradient to record, no compiled
-  kernels), and for ``dot``, ``vdot`` and ``mv`` always, the call is split into blocks: torch's
-  kernel reduces each block, then the blocks' results. A norm is the norm of its blocks' norms
-  (for any finite nonzero order), a dot the sum of its blocks' dots; both stay differentiable.
-  The blocked 2-norm runs faster than torch's single pass (0.6-0.9x), other orders, dots and
-  ``mv`` at 1.05-1.15x. Dots keep BLAS, which streams two inputs faster than one core of the
-  compiled kernels can, and runs on torch's own threads: the compiled kernels' second thread
-  shares its core with torch's pool, whose workers spin for a while after each op.
+  kernels), for the norms of several rows, and for ``dot``, ``vdot`` and ``mv`` always, the
+  call is split into blocks: torch's kernel reduces each block, then the blocks' results. A
+  norm is the norm of its blocks' norms (for any finite nonzero order), a dot the sum of its
+  blocks' dots; both stay differentiable. The blocked 2-norm runs faster than torch's single
+  pass (0.6-0.9x), other orders, dots and ``mv`` at 1.05-1.15x. These keep torch's kernels,
+  which run on torch's own threads: the compiled kernels' second thread shares its core with
+  torch's pool, whose workers spin for a while after each op, and one core streams two
+  inputs, or several rows, slower than torch's threads do.
 
 ``benchmarks/reductions.py`` measures both against torch's own calls.
 
@@ -142,15 +141,16 @@ def blocked_norm(vector_norm, x, ord, reduced, keepdim, dtype):
 
 
 def _summed_norms(x, ord, run, dtype):
-    """The 1- or 2-norm of each run of ``run`` elements of a float32 ``x``, summed in double by
-    the compiled kernel (``native.long_sums``): a single pass, 0.2-0.7x torch's time, where
-    torch's blocks cost 1.0-1.3x. None where it does not apply (another order or dtype, a
-    gradient to record, no compiled kernels): the blocks then."""
+    """The 1- or 2-norm of a float32 ``x`` reduced whole, summed in double by the compiled
+    kernel (``native.long_sums``): a single pass, 0.2-0.8x torch's time, where torch's blocks
+    cost 0.6-1.3x. None where it does not apply (another order or dtype, a gradient to record,
+    no compiled kernels), and for the norms of several rows, where torch's kernel shares the
+    rows out over its own threads and runs twice as fast as the compiled kernel beside them:
+    the blocks then."""
     if (ord != 1 and ord != 2) or (dtype is not None and dtype is not torch.float32) \
-            or not native.usable():
+            or x.numel() != run or not native.usable():
         return None
-    return native.long_sums(native.SUM_ABS if ord == 1 else native.SUM_SQUARES, x,
-                            rows=x.numel() // run)
+    return native.long_sums(native.SUM_ABS if ord == 1 else native.SUM_SQUARES, x)
 
 
 def _norm_of_blocks(vector_norm, rows, ord, accumulate):
