@@ -12,18 +12,18 @@ backend tests), or clips by it, would see the CPU's drift. On the CPU backend su
 past a length where the drift shows, are summed as CUDA's reduction keeps them exact.
 
 - Where no gradient is recorded through a float32 input, the compiled host kernels
-  (``native.long_sums``) sum whole 1- and 2-norms, distances and cosine similarities in one
-  pass: terms in float32 over stretches of 256, the stretches in double. Norms and distances
-  take 0.1-0.8x torch's own time, cosine similarities 0.1-0.7x (no normalized copies).
-- Elsewhere (other orders, float16 and bfloat16 inputs, a gradient to record, no compiled
-  kernels), for the norms of several rows, and for ``dot``, ``vdot`` and ``mv`` always, the
-  call is split into blocks: torch's kernel reduces each block, then the blocks' results. A
-  norm is the norm of its blocks' norms (for any finite nonzero order), a dot the sum of its
-  blocks' dots; both stay differentiable. The blocked 2-norm runs faster than torch's single
-  pass (0.6-0.9x), other orders, dots and ``mv`` at 1.05-1.15x. These keep torch's kernels,
-  which run on torch's own threads: the compiled kernels' second thread shares its core with
-  torch's pool, whose workers spin for a while after each op, and one core streams two
-  inputs, or several rows, slower than torch's threads do.
+  (``native.long_sums``) sum whole 1-norms, distances and cosine similarities in one pass: terms
+  in float32 over stretches of 256, the stretches in double. They take 0.1-0.8x torch's own
+  time (cosine similarities make no normalized copies).
+- Everything else is split into blocks: torch's kernel reduces each block, then the blocks'
+  results. That is other orders and 2-norms, float16 and bfloat16 inputs, a gradient to record,
+  norms of several rows, and ``dot``, ``vdot`` and ``mv``. A norm is the norm of its blocks'
+  norms (for any finite nonzero order), a dot the sum of its blocks' dots; both stay
+  differentiable. The blocked 2-norm runs faster than torch's single pass (0.6-0.9x), other
+  orders, dots and ``mv`` at 1.05-1.15x. These keep torch's kernels because they run on torch's
+  own threads: the compiled kernels' second thread shares its core with torch's pool, whose
+  workers spin for a while after each op. So one core streams a 2-norm, two inputs or several
+  rows slower than torch's threads do.
 
 ``benchmarks/reductions.py`` measures both against torch's own calls.
 
@@ -141,16 +141,17 @@ def blocked_norm(vector_norm, x, ord, reduced, keepdim, dtype):
 
 
 def _summed_norms(x, ord, run, dtype):
-    """The 1- or 2-norm of a float32 ``x`` reduced whole, summed in double by the compiled
-    kernel (``native.long_sums``): a single pass, 0.2-0.8x torch's time, where torch's blocks
-    cost 0.6-1.3x. None where it does not apply (another order or dtype, a gradient to record,
-    no compiled kernels), and for the norms of several rows, where torch's kernel shares the
-    rows out over its own threads and runs twice as fast as the compiled kernel beside them:
-    the blocks then."""
-    if (ord != 1 and ord != 2) or (dtype is not None and dtype is not torch.float32) \
-            or x.numel() != run or not native.usable():
+    """The 1-norm of a float32 ``x`` reduced whole, summed in double by the compiled kernel
+    (``native.long_sums``): one pass, 0.2-0.8x torch's time, where torch's blocks of a 1-norm
+    cost 1.1-1.6x. None where it does not apply: other orders, dtypes or shapes, a gradient to
+    record, no compiled kernels. A 2-norm keeps the blocks: torch's 2-norm over them runs on
+    its own threads in 0.7-0.8x its single pass, and the compiled kernel, whose second thread
+    shares a core with torch's spinning pool, in 0.8-1.5x (2**20 to 2**24, taking turns with
+    torch's ops)."""
+    if ord != 1 or (dtype is not None and dtype is not torch.float32) or x.numel() != run \
+            or not native.usable():
         return None
-    return native.long_sums(native.SUM_ABS if ord == 1 else native.SUM_SQUARES, x)
+    return native.long_sums(native.SUM_ABS, x)
 
 
 def _norm_of_blocks(vector_norm, rows, ord, accumulate):
