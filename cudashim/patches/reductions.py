@@ -249,9 +249,11 @@ def _foreach_norm_arguments(ord=2, dtype=None):
 
 
 def _dist(api, count, vector_norm, original):
-    """Two inputs of one shape: torch's ``dist`` of each block pair, whose norm is the whole
-    distance (no difference tensor: a fresh one costs a page fault a page, more than the
-    distance itself under 2**22 elements). Broadcast inputs: the norm of the difference."""
+    """Two float32 inputs of one shape, p 1 or 2, no gradient recorded: summed in double by the
+    compiled kernel from 2**20 elements. Otherwise, from 2**22, two inputs of one shape: torch's
+    ``dist`` of each block pair, whose norm is the whole distance (no difference tensor: a fresh
+    one costs a page fault a page, more than the distance itself under 2**22 elements).
+    Broadcast inputs: the norm of the difference."""
     @functools.wraps(original)
     def accurate_dist(x, other, p=2):
         if type(x) in _PLAIN and type(other) in _PLAIN and x.shape == other.shape \
