@@ -185,6 +185,14 @@ def install(activation):
     for owner in (c10d, dist):
         activation.replace(owner, "split_group",
                            lambda original: _splitting_anywhere(original, c10d, real_new_group))
+    # DeviceMesh calls the three by the names it imported from distributed_c10d: without these,
+    # a mesh's subgroups (HSDP's replicas, each dimension of a 2-D mesh) would be gloo's groups
+    # to cudashim, without NCCL's averages, order and exit.
+    def meshes_make_groups_as_the_program_does(device_mesh):
+        for name in ("init_process_group", "new_group", "split_group"):      # split_group: torch 2.5+
+            if hasattr(c10d, name) and vars(device_mesh).get(name) is activation.registry.original(c10d, name):
+                activation.registry.set_attr(device_mesh, name, getattr(c10d, name))
+    activation.when_imported("torch.distributed.device_mesh", meshes_make_groups_as_the_program_does)
     activation.replace(dist, "is_nccl_available", lambda original: functools.wraps(original)(
         lambda: dist.is_backend_available(target.collective)))
     if target.device_type == "cpu":            # SyncBatchNorm where CUDA's devices are the host
@@ -243,9 +251,10 @@ def _register_library(activation, dist, name, create, devices) -> None:
 
 
 def _nccl_semantics(c10d, nccl_groups) -> list:
-    """(name, make) for each collective that needs NCCL's tensor shapes, its integer
-    averages or its issue order kept on the library NCCL became: one wrapper per name, the
-    shapes outermost; and for ``batch_isend_irecv``, NCCL's one work per batch."""
+    """(name, make) for each collective that needs NCCL's tensor shapes, its averages, its
+    issue order or a form the library lacks kept on the library NCCL became: one wrapper per
+    name, the lacking forms outermost, then the shapes; and for ``batch_isend_irecv``, NCCL's
+    one work per batch."""
     def made_for_nccl(group) -> bool:
         return nccl_groups.knows(c10d._get_default_group() if group is None else group)
 
@@ -260,10 +269,13 @@ def _nccl_semantics(c10d, nccl_groups) -> list:
     averaged = nccl_reductions.wrappers(c10d, made_for_nccl)
     names += [name for name in (*nccl_shapes.WRAPPERS, *averaged) if hasattr(c10d, name) and name not in names]
 
+    served = nccl_reductions.served_forms(c10d, made_for_nccl)
+
     def make(name):
         unchanged = lambda original: original  # noqa: E731
         shaped, averaging = nccl_shapes.WRAPPERS.get(name, unchanged), averaged.get(name, unchanged)
-        return lambda original: shaped(averaging(ordered(original)))
+        serving = served.get(name, unchanged)
+        return lambda original: serving(shaped(averaging(ordered(original))))
     batches = [("batch_isend_irecv", nccl_batches.coalescing(made_for_nccl))] \
         if hasattr(c10d, "batch_isend_irecv") else []
     return [(name, make(name)) for name in names] + batches
