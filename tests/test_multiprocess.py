@@ -156,23 +156,6 @@ def test_sync_batch_norm_under_ddp_normalizes_with_the_whole_batch_on_the_host(t
         assert all(worst < 1e-5 for worst in seen["worst"].values()), seen
 
 
-def test_integer_averages_are_nccls_on_gloo(tmp_path):
-    """NCCL averages integer tensors (the sum over the ranks, truncated); gloo refuses them.
-    On groups made for NCCL the program gets NCCL's answers; a gloo group it made itself
-    keeps gloo's refusal."""
-    result = torchrun("tests/programs/integer_average.py", "--out", str(tmp_path / "avg"))
-    assert result.returncode == 0, result.stderr[-3000:]
-    for rank in (0, 1):
-        seen = json.loads((tmp_path / f"avg.rank{rank}.json").read_text())
-        assert seen["all_reduce"] == [[5, -5, 3], "torch.int64"]
-        assert seen["all_reduce_async"] == [3]
-        assert seen["reduce_scatter_tensor"] == [[5, 6], [7, 8]][rank]
-        if rank == 1:                       # reduce's result is the destination's only
-            assert seen["reduce_to_rank_1"] == [9]
-        assert seen["float"] == [1.5]
-        assert "can't be cast to the desired output type Long" in seen["own_gloo_group"]
-
-
 def test_fsdp_full_state_dicts_offloaded_to_the_cpu_are_whole(tmp_path):
     """FSDP offloads with .cpu(), which copies a CUDA tensor and returns a host tensor itself;
     on the host it then freed what the state dict pointed into. The offloaded full state

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import python
+from conftest import python, torchrun
 from targets import SHIMDEV
 
 pytestmark = pytest.mark.torch_range
@@ -131,3 +131,39 @@ def test_dynamo_imports_under_the_shim_and_compiles_a_cuda_function(shim):
         return x * 2 if x.is_cuda else x
 
     assert scaled(torch.ones(2, device="cuda")).tolist() == [2.0, 2.0]
+
+
+def _averaged(tmp_path, name, shim_options=()):
+    result = torchrun("tests/programs/averages.py", "--out", str(tmp_path / name), shim_options=shim_options)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return [json.loads((tmp_path / f"{name}.rank{rank}.json").read_text()) for rank in (0, 1)]
+
+
+def test_averages_and_reduce_scatters_are_nccls_on_every_torch(tmp_path):
+    """NCCL averages every tensor it reduces (integers truncated) and reduce-scatters a list.
+    Gloo refuses integer averages on every torch; torch 2.7 and earlier also refuse float
+    averages in all_reduce and reduce, return the sum from an averaging reduce_scatter_tensor,
+    and have no list-form reduce_scatter. On groups made for NCCL the program gets NCCL's
+    answers on every torch and target, on a DeviceMesh's subgroups too; a gloo group it made
+    itself keeps gloo's refusal."""
+    runs = {"cpu": _averaged(tmp_path, "cpu")}
+    if SHIMDEV.why_not is None:
+        runs["shimdev"] = _averaged(tmp_path, "shimdev", SHIMDEV.options)
+    for target, ranks in runs.items():
+        for rank, seen in enumerate(ranks):
+            assert seen["all_reduce"] == [[5, -5, 3], "torch.int64"], target
+            assert seen["all_reduce_async"] == [3], target
+            assert seen["reduce_scatter_tensor"] == [[5, 6], [7, 8]][rank], target
+            if rank == 1:                   # reduce's result is the destination's only
+                assert seen["reduce_to_rank_1"] == [9], target
+            for dtype in ("float32", "bfloat16"):
+                assert seen[f"all_reduce {dtype}"] == [[1.5, 1.0], f"torch.{dtype}"], (target, dtype)
+                assert seen[f"reduce_scatter_tensor {dtype}"] == [[0.0, 1.5], [3.0, 4.5]][rank], (target, dtype)
+                if rank == 0:
+                    assert seen[f"reduce_to_rank_0 {dtype}"] == [2.0], (target, dtype)
+            assert seen["reduce_scatter of a list"] == [[1.0, 1.0], [21.0, 21.0]][rank], target
+            assert seen["reduce_scatter of a list, averaged"] == [[0.5, 0.5], [10.5, 10.5]][rank], target
+            assert seen["mesh subgroup"] == [4], target
+            own = seen["own_gloo_group"]
+            assert "can't be cast to the desired output type Long" in own \
+                or "Cannot use ReduceOp.AVG with Gloo" in own, (target, own)
