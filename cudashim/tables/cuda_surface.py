@@ -46,6 +46,7 @@ SURFACE: Dict[str, Dict[str, Tuple[str, str]]] = {
         "get_stream_from_external": (REFUSED, "streams made outside torch exist only in the CUDA runtime"),
         "GreenContext": (REFUSED, "green contexts partition NVIDIA SMs; run without them"),
         "MemPool": (REFUSED, _NO_ALLOCATOR),
+        "MemPoolContext": (REFUSED, _NO_ALLOCATOR),
         "use_mem_pool": (REFUSED, _NO_ALLOCATOR),
         "CUDAPluggableAllocator": (REFUSED, _NO_ALLOCATOR),
         "change_current_allocator": (REFUSED, _NO_ALLOCATOR),
@@ -70,7 +71,7 @@ SURFACE: Dict[str, Dict[str, Tuple[str, str]]] = {
             "all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "init_rank",
             "unique_id"]},
     },
-    "torch.cuda.profiler": {n: (HARMLESS, _NO_PROFILER) for n in ["start", "stop", "profile"]},
+    "torch.cuda.profiler": {n: (HARMLESS, _NO_PROFILER) for n in ["start", "stop", "profile", "init"]},
     "torch.cuda.sparse": {n: (REFUSED, _NO_SPARSE_LEGACY) for n in [
         "BFloat16Tensor", "ByteTensor", "CharTensor", "DoubleTensor", "FloatTensor",
         "HalfTensor", "IntTensor", "LongTensor", "ShortTensor"]},
@@ -80,8 +81,14 @@ SURFACE: Dict[str, Dict[str, Tuple[str, str]]] = {
         "set_max_tuning_iterations", "get_max_tuning_iterations", "set_filename",
         "get_filename", "get_results", "get_validators", "read_file", "tune_gemm_in_file",
         "mgpu_tune_gemm_in_file", "set_rotating_buffer_size", "get_rotating_buffer_size",
-        "set_numerical_check_tolerances"]},
+        "set_numerical_check_tolerances", "write_file", "write_file_on_exit"]},
 }
+
+# Names of older releases that later ones dropped (torch 2.7 has them, 2.13 does not): classified
+# for the programs that run on those releases, not stale where this torch lacks them.
+OLDER_TORCH_ONLY = frozenset({
+    "torch.cuda.MemPoolContext", "torch.cuda.profiler.init", "torch.cuda.tunable.write_file",
+    "torch.cuda.tunable.write_file_on_exit"})
 
 # What a harmless API answers when it does nothing (None where it names no answer): TunableOp
 # is off and has tuned nothing; the CUDA profiler's capture range is an empty block.
@@ -96,6 +103,7 @@ HARMLESS_ANSWERS: Dict[str, object] = {
     "torch.cuda.tunable.get_results": (),
     "torch.cuda.tunable.get_validators": (),
     "torch.cuda.tunable.read_file": False,
+    "torch.cuda.tunable.write_file": False,
 }
 HARMLESS_CONTEXTS = frozenset({"torch.cuda.profiler.profile"})
 
