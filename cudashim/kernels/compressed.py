@@ -88,6 +88,13 @@ class CompressedBackend:
         self.group = group
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
+        # The tensors the last call handed to the collective library, held until the next call.
+        # Gloo's worker threads drop a finished collective's tensors after the caller has moved
+        # on; where a worker drops the last reference, freeing the tensor needs the GIL. torch 2.7
+        # and earlier join those threads holding the GIL when the group is destroyed, so a
+        # destroy_process_group() right after a call hung for good, in 3 of 4 runs of its test.
+        # Held here, the worker's drop frees nothing.
+        self._exchanged = ()
 
     def compressed_allreduce(self, buffer: torch.Tensor, worker_error: torch.Tensor,
                              server_error: torch.Tensor) -> torch.Tensor:
@@ -105,11 +112,13 @@ class CompressedBackend:
         if server_error.numel() != chunk:
             raise ValueError(f"server_error has {server_error.numel()} elements; expected {chunk}")
 
+        exchanged = []
         # Worker side: compensate, compress, send chunk r of the signs to rank r.
         worker_scale, packed = compensate_and_compress(buffer, worker_error)
         received = torch.empty_like(packed)
         dist.all_to_all_single(received, packed, group=self.group)
-        worker_scales = self._all_gather_scale(worker_scale)
+        exchanged += (received, packed)
+        worker_scales = self._all_gather_scale(worker_scale, exchanged)
 
         # Server side: average this rank's chunk across ranks, compensate, compress again.
         server_scale, server_packed = server_compress(received, worker_scales, server_error)
@@ -117,12 +126,16 @@ class CompressedBackend:
         # Everyone gathers every server chunk and decompresses the whole buffer.
         gathered = torch.empty(world * server_packed.numel(), dtype=torch.uint8, device=packed.device)
         _all_gather_single(gathered, server_packed, group=self.group)
-        expand_into(buffer, gathered, self._all_gather_scale(server_scale))
+        exchanged += (gathered, server_packed)
+        expand_into(buffer, gathered, self._all_gather_scale(server_scale, exchanged))
+        self._exchanged = tuple(exchanged)
         return buffer
 
-    def _all_gather_scale(self, scale: torch.Tensor) -> torch.Tensor:
+    def _all_gather_scale(self, scale: torch.Tensor, exchanged: list) -> torch.Tensor:
         scales = [torch.empty(1, dtype=scale.dtype, device=scale.device) for _ in range(self.world_size)]
-        dist.all_gather(scales, scale.reshape(1), group=self.group)
+        given = scale.reshape(1)
+        dist.all_gather(scales, given, group=self.group)
+        exchanged += (*scales, given)
         return torch.cat(scales)
 
     @staticmethod
