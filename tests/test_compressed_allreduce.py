@@ -42,6 +42,7 @@ def reference(inputs_per_step, world, numel):
     return outputs, worker_errors, server_errors
 
 
+@pytest.mark.torch_range       # and its ranks end at destroy_process_group, where torch 2.7 could hang
 @pytest.mark.parametrize("world, numels", [(2, (1000,)), (4, (999, 64))])
 def test_matches_the_reference_across_steps(tmp_path, world, numels):
     steps = 4
