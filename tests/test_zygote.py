@@ -79,6 +79,22 @@ def test_a_forked_program_starts_as_a_fresh_one(layout, command):
     assert forked.stderr == fresh.stderr == ""
 
 
+def test_a_program_started_ignoring_signals_keeps_ignoring_them(layout):
+    """nohup, or a script's job in the background, starts a program with SIGHUP or SIGINT
+    ignored; a fresh interpreter keeps them ignored (no KeyboardInterrupt), and so must a forked one."""
+    ignoring = (signal.SIGINT, signal.SIGHUP)
+    before = {number: signal.signal(number, signal.SIG_IGN) for number in ignoring}
+    try:
+        forked, fresh = _both("state.py", cwd=layout, input="")
+    finally:
+        for number, handler in before.items():
+            signal.signal(number, handler)
+    assert fresh.returncode == 0 and forked.returncode == 0, (fresh.stderr, forked.stderr)
+    handlers = json.loads(fresh.stdout)["handlers"]          # SIGINT, SIGTERM, SIGCHLD, SIGPIPE, SIGHUP
+    assert [handlers[0], handlers[4]] == [str(signal.SIG_IGN)] * 2
+    assert json.loads(forked.stdout) == json.loads(fresh.stdout)
+
+
 def test_it_is_forked_not_started(layout):
     """The program's interpreter is the zygote's, which imported torch, and numpy with it, before
     the program ran (torch's own modules wait for the program's import of torch)."""

@@ -331,6 +331,26 @@ def _declares_a_torch_backend(distribution: str) -> bool:
         return False
 
 
+def _start_dispositions(ignored: set) -> None:
+    """Every signal as a fresh interpreter under the client's parent starts with it: ignored
+    where the client started ignoring it, and as the interpreter sets it up (SIGPIPE and
+    SIGXFSZ ignored, SIGINT raising KeyboardInterrupt unless ignored), the rest by default.
+    The zygote's own handlers (its SIGCHLD) do not pass on."""
+    for number in signal.valid_signals():
+        if number in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        if number in ignored or number in (signal.SIGPIPE, getattr(signal, "SIGXFSZ", None)):
+            disposition = signal.SIG_IGN
+        elif number == signal.SIGINT:
+            disposition = signal.default_int_handler
+        else:
+            disposition = signal.SIG_DFL
+        try:
+            signal.signal(number, disposition)
+        except (OSError, ValueError):           # one the C library keeps for itself
+            pass
+
+
 def _module_names(folder: str, entries: list) -> set:
     names = set()
     for entry in entries:
@@ -350,9 +370,7 @@ def become(request: dict, fds: dict, connection: socket.socket, client: str):
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    for number in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(number, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    _start_dispositions(set(request["ignored"]))
     options, args = _options(request["args"])
     _new_standard_streams(unbuffered="-u" in options or bool(os.environ.get("PYTHONUNBUFFERED")))
     sys.dont_write_bytecode = sys.dont_write_bytecode or "-B" in options

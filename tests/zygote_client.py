@@ -26,12 +26,15 @@ def main(address: str, real_python: str, args: list) -> None:
     connection = _connect(address)
     if connection is None:
         _become_the_real_interpreter(real_python, args)
+    # What this process's parent made it ignore (nohup, a background job of a script), read
+    # before anything here sets a handler: a fresh interpreter starts ignoring the same.
+    ignored = inherited_ignored()
     # From here a signal is the program's: held until the keeper says it runs, then passed on.
-    forwarding = _Forwarding(connection)
+    forwarding = _Forwarding(connection, ignored)
     with connection:
         files = _open_files(except_fd=connection.fileno())
         request = json.dumps({"args": args, "env": dict(os.environ), "cwd": os.getcwd(),
-                              "fds": files}).encode()
+                              "fds": files, "ignored": ignored}).encode()
         socket.send_fds(connection, [struct.pack("!Q", len(request))], files)
         connection.sendall(request)
         replies = connection.makefile("rb")
@@ -47,15 +50,25 @@ def main(address: str, real_python: str, args: list) -> None:
     _die_by(number)
 
 
+def inherited_ignored() -> list:
+    """The signals this interpreter started with ignored, as its parent left them; SIGPIPE and
+    SIGXFSZ are left out: every interpreter ignores those itself."""
+    own = (signal.SIGKILL, signal.SIGSTOP, signal.SIGPIPE, getattr(signal, "SIGXFSZ", None))
+    return sorted(int(number) for number in signal.valid_signals()
+                  if number not in own and signal.getsignal(number) is signal.SIG_IGN)
+
+
 class _Forwarding:
     """The signals this process gets, passed on to the program over the connection; those that
-    come before the program runs are held until it does."""
+    come before the program runs are held until it does. A signal the program starts ignoring
+    stays ignored here: passed on, it would do nothing there either."""
 
-    def __init__(self, connection):
+    def __init__(self, connection, ignored):
         self.connection = connection
         self.held = []
         self.running = False
-        for number in FORWARDED:
+        self.forwarded = [number for number in FORWARDED if number not in ignored]
+        for number in self.forwarded:
             signal.signal(number, self._received)
 
     def _received(self, number, _frame):
@@ -71,7 +84,7 @@ class _Forwarding:
 
     def stop(self):
         """No program here after all: a signal held is this process's, as it would have been."""
-        for number in FORWARDED:
+        for number in self.forwarded:
             signal.signal(number, signal.SIG_DFL)
         if self.held:
             _die_by(self.held[0])
