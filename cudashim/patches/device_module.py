@@ -11,6 +11,14 @@ additions away again.
 The additions answer everyone alike. Unlike ``torch.cuda``'s names, whose callers from torch
 hear the real CUDA runtime, a name asked of the target's module is about the target, whoever
 asks (torch's ``fork_rng`` asks ``torch.cpu.get_rng_state`` for the program's devices).
+
+One name the CPU's module has answers otherwise than CUDA's: its stand-in stream's
+``record_event()`` returns None, where CUDA's records an event and returns it. FSDP2 takes its
+streams from the mesh's device module, so a CUDA program's HSDP reaches ``torch.cpu.Stream``;
+torch 2.5 to 2.7 then assert the all-reduce's event is not None and stop the program at its first
+backward (torch 2.8 and later check for the CPU themselves). On the CPU target the stand-in
+records and returns an event of ``torch.cpu.Event``, whose waits are met at once, as every wait
+on a host stream is.
 """
 
 import logging
@@ -37,6 +45,26 @@ def install(activation):
         if name.startswith("_") or answers(target, name):
             continue
         activation.registry.add_attr(target, name, getattr(value, "cudashim_answer", value))
+    if target is getattr(torch, "cpu", None):
+        _host_streams_record_events(activation, target)
+
+
+def _host_streams_record_events(activation, cpu):
+    """``torch.cpu.Stream.record_event`` returns the event it records, as CUDA's does (above),
+    where torch's returns None."""
+    stream, event_class = getattr(cpu, "Stream", None), getattr(cpu, "Event", None)
+    if not isinstance(stream, type) or not isinstance(event_class, type) \
+            or not callable(vars(stream).get("record_event")) or stream().record_event() is not None:
+        return
+
+    def make(original):
+        def record_event(self, event=None):
+            event = event_class() if event is None else event
+            event.record(self)
+            return event
+        record_event.__doc__ = original.__doc__
+        return record_event
+    activation.replace(stream, "record_event", make)
 
 
 def answers(module, name: str) -> bool:
