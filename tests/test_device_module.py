@@ -69,3 +69,23 @@ def test_the_additions_leave_with_deactivation():
     cudashim.deactivate()
     assert not hasattr(torch.cpu, "is_bf16_supported")
     assert not hasattr(torch.cpu, "memory_allocated")
+
+
+def test_the_cpus_stand_in_stream_records_events_as_cudas_does():
+    """FSDP2 takes its streams from the mesh's device module, so a CUDA program's HSDP on the CPU
+    target records its events on ``torch.cpu.Stream``, which answers None where CUDA's stream
+    returns the event (torch 2.5 to 2.7 assert it got one)."""
+    import cudashim
+    torchs_own = torch.cpu.Stream.record_event
+    cudashim.activate("cpu")
+    try:
+        stream = torch.cpu.Stream()
+        event = stream.record_event()
+        assert isinstance(event, torch.cpu.Event) and event.query()
+        given = torch.cpu.Event()
+        assert stream.record_event(given) is given
+        torch.cpu.current_stream().wait_event(event)         # what FSDP does with it: met at once
+        event.synchronize()
+    finally:
+        cudashim.deactivate()
+    assert torch.cpu.Stream.record_event is torchs_own

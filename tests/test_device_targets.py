@@ -19,6 +19,7 @@ missing streams, events and collectives, one device shared) is proven by the oth
 """
 
 import json
+from importlib.metadata import version
 from typing import Optional
 
 import pytest
@@ -168,19 +169,31 @@ def test_ddp_on_two_ranks_trains_as_on_the_cpu(tmp_path):
             torch.testing.assert_close(on_target[key], on_cpu[key], rtol=1e-5, atol=1e-6, msg=target.name)
 
 
+# torch 2.4's FSDP2 (torch.distributed._composable.fsdp), written for CUDA alone, stops at the
+# first backward under cudashim on every target: the all-gather's copy-out into a parameter already
+# saved for backward bumps its version ("modified by an inplace operation", AsStridedBackward0).
+FSDP2_OFF_CUDA_FAILS = tuple(int(part) for part in version("torch").split(".")[:2]) < (2, 5)
+
+
+@pytest.mark.torch_range
+@pytest.mark.xfail(FSDP2_OFF_CUDA_FAILS, strict=True, reason="torch 2.4's FSDP2 off CUDA (above)")
 def test_fsdp_and_a_device_mesh_on_two_ranks_with_one_device_each(tmp_path):
     """FSDP frees and regrows its flat parameters' storages in device memory, and offloads
     its full state dict with .cpu(); HSDP's all-reduce over replicas, and FSDP1's float16
     ShardedGradScaler moving found-inf flags between host and device. torchvulkan cannot: its storage resize_(0) moves the
-    storage to the host."""
-    for target in targets(where=lambda target: target.devices >= 2):
-        mesh = torchrun("tests/programs/mesh_fsdp.py", shim_options=target.options, timeout=300)
+    storage to the host. On the CPU too, where FSDP2 takes its streams from ``torch.cpu``, whose
+    ``record_event()`` answers None: torch 2.5 to 2.7 stopped HSDP at its first backward there."""
+    for target in [None, *targets(where=lambda target: target.devices >= 2)]:
+        mesh = torchrun("tests/programs/mesh_fsdp.py", shim_options=target.options if target else (), timeout=300)
         assert mesh.returncode == 0, mesh.stderr[-3000:]
         for rank in (0, 1):
-            assert f"rank {rank}: mesh on {target.name}, fully_shard and FSDP trained" in mesh.stdout
+            assert f"rank {rank}: mesh on {target.name if target else 'cpu'}, fully_shard and FSDP trained" \
+                in mesh.stdout
             assert f"rank {rank}: HSDP over 2 replicas steps as one device" in mesh.stdout
             assert f"rank {rank}: ShardedGradScaler on torch.float16, stepped [True, False], scale 128.0" \
                 in mesh.stdout
+        if target is None:
+            continue                   # the CPU's state dict: test_multiprocess.py
         state = torchrun("tests/programs/fsdp_state_dict.py", str(tmp_path / "state.json"),
                          shim_options=target.options, timeout=300)
         assert state.returncode == 0, state.stderr[-3000:]

@@ -9,7 +9,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-from torch.distributed.fsdp import fully_shard
+
+try:
+    from torch.distributed.fsdp import fully_shard               # torch 2.6 and later
+except ImportError:
+    from torch.distributed._composable.fsdp import fully_shard
 
 dist.init_process_group("nccl")
 torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
