@@ -74,7 +74,7 @@ def test_the_additions_leave_with_deactivation():
 def test_the_cpus_stand_in_stream_records_events_as_cudas_does():
     """FSDP2 takes its streams from the mesh's device module, so a CUDA program's HSDP on the CPU
     target records its events on ``torch.cpu.Stream``, which answers None where CUDA's stream
-    returns the event (torch 2.5 to 2.7 assert it got one)."""
+    returns the event (torch 2.7 asserts it got one)."""
     import cudashim
     torchs_own = torch.cpu.Stream.record_event
     cudashim.activate("cpu")

@@ -182,7 +182,7 @@ def test_fsdp_and_a_device_mesh_on_two_ranks_with_one_device_each(tmp_path):
     its full state dict with .cpu(); HSDP's all-reduce over replicas, and FSDP1's float16
     ShardedGradScaler moving found-inf flags between host and device. torchvulkan cannot: its storage resize_(0) moves the
     storage to the host. On the CPU too, where FSDP2 takes its streams from ``torch.cpu``, whose
-    ``record_event()`` answers None: torch 2.5 to 2.7 stopped HSDP at its first backward there."""
+    ``record_event()`` answers None: torch 2.7 stopped HSDP at its first backward there."""
     for target in [None, *targets(where=lambda target: target.devices >= 2)]:
         mesh = torchrun("tests/programs/mesh_fsdp.py", shim_options=target.options if target else (), timeout=300)
         assert mesh.returncode == 0, mesh.stderr[-3000:]

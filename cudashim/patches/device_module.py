@@ -15,8 +15,8 @@ asks (torch's ``fork_rng`` asks ``torch.cpu.get_rng_state`` for the program's de
 One name the CPU's module has answers otherwise than CUDA's: its stand-in stream's
 ``record_event()`` returns None, where CUDA's records an event and returns it. FSDP2 takes its
 streams from the mesh's device module, so a CUDA program's HSDP reaches ``torch.cpu.Stream``;
-torch 2.5 to 2.7 then assert the all-reduce's event is not None and stop the program at its first
-backward (torch 2.8 and later check for the CPU themselves). On the CPU target the stand-in
+torch 2.7 then asserts the all-reduce's event is not None and stops the program at its first
+backward (torch 2.13 checks for the CPU itself). On the CPU target the stand-in
 records and returns an event of ``torch.cpu.Event``, whose waits are met at once, as every wait
 on a host stream is.
 """
