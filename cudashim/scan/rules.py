@@ -38,7 +38,10 @@ _NEGATIONS = (ast.NotEq, ast.NotIn, ast.IsNot)
 # A device spec built from an index: "cuda:%d" % rank, "cuda:{}".format(rank).
 _DEVICE_TEMPLATE = re.compile(r"cuda:(\{[^{}]*\}|%[dis])")
 _DEVICE_OBJECT, _DEVICE_STRING, _OTHER = "device", "device string", "other"
-_MOVED_BY_TENSOR_DEVICE = "moved by a tensor's device"      # y = x.to(t.device)
+_MOVED_TO_AN_UNKNOWN_SIDE = "moved to a device of unknown side"   # y = x.to(t.device)
+# Why a host-memory target cannot tell which side a move means (``FileScanner._unknown_side``).
+_READ_OFF_A_RESULT, _A_DEVICES_STRING = "read off an op's result", "a device's string"
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 # Where a string is prose, never code: what a program prints, logs, warns or raises, and the
 # help texts it gives argparse and the like.
 _PROSE_FUNCTIONS = frozenset({"print", "input"})
@@ -90,16 +93,31 @@ class FileScanner(ast.NodeVisitor):
         self.prose = 0                              # > 0 while visiting prose
         self.uses_autocast = False
         self.reported_moves: set = set()
+        # moves of unknown side, and writes in place, by what they moved or wrote (a name or an
+        # attribute chain), per function; attributes are matched across the file at its end
+        self.move_reasons: Dict[ast.AST, str] = {}
+        self.move_sources: List[list] = [[]]
+        self.writes: List[list] = [[]]
+        self.attribute_moves: list = []
+        self.attribute_writes: list = []
+        self.attribute_values: Dict[str, List[ast.expr]] = {}   # "self.device" -> what is assigned
 
     def scan(self, tree: ast.AST) -> List[Finding]:
         self._collect_imports(tree)
         for parent in ast.walk(tree):
             for child in ast.iter_child_nodes(parent):
                 self.parents[child] = parent
+        for node in ast.walk(tree):                 # self.device = ..., read in another method
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 \
+                    and isinstance(node.targets[0], ast.Attribute) \
+                    and self._held_by(node.targets[0]) is not None:
+                self.attribute_values.setdefault(self._held_by(node.targets[0]), []).append(node.value)
         self.uses_autocast = any(
             "autocast" in (self.qualify(node) or getattr(node, "attr", ""))
             for node in ast.walk(tree) if isinstance(node, (ast.Attribute, ast.Name)))
         self.visit(tree)
+        self._end_of_scope()
+        self._sources_written(self.attribute_moves, self.attribute_writes, anywhere=True)
         return self.findings
 
     def _visit_as_prose(self, node) -> None:
@@ -194,16 +212,25 @@ class FileScanner(ast.NodeVisitor):
     # --- scopes and assignments ---------------------------------------------------------
     def visit_FunctionDef(self, node):
         self._kernel_decorators(node)
-        self.scopes.append({})
+        self._enter_scope()
         self.generic_visit(node)
-        self.scopes.pop()
+        self._leave_scope()
 
     visit_AsyncFunctionDef = visit_FunctionDef
 
     def visit_Lambda(self, node):
-        self.scopes.append({})
+        self._enter_scope()
         self.generic_visit(node)
+        self._leave_scope()
+
+    def _enter_scope(self) -> None:
+        self.scopes.append({})
+        self.move_sources.append([])
+        self.writes.append([])
+
+    def _leave_scope(self) -> None:
         self.scopes.pop()
+        self._end_of_scope()
 
     def visit_Assign(self, node):
         self.visit(node.value)
@@ -219,36 +246,166 @@ class FileScanner(ast.NodeVisitor):
         self._written_in_place(node.target)
 
     # --- moves that CUDA makes copies --------------------------------------------------------
-    def _moved_by_tensor_device(self, node: ast.AST) -> bool:
-        """``x.to(y.device, ...)`` / ``x.to(device=y.device)``: a move whose destination is a
-        device read off a tensor (not a name, not a variable holding one), unless that tensor is
-        plainly a parameter, whose side is known (``layer.weight.device``, ``model.bias.device``,
-        ``next(model.parameters()).device``)."""
+    def _unknown_side(self, node: ast.AST) -> Optional[str]:
+        """Why a host-memory target cannot tell which side the move ``node`` means, where it is
+        ``x.to(dest, ...)`` / ``x.to(device=dest)`` and ``dest`` is a device read off a tensor
+        that is not plainly a parameter (``logits.device``), or a
+        string made from a device object (``str(d)``, ``d.type``, ``f"{d}"``, or a variable
+        holding one: on the CPU backend the host's name, whatever ``d`` was) and the tensor moved
+        is one the runtime knows is in host memory; else None. A
+        parameter's device (``layer.weight.device``, ``next(model.parameters()).device``) names
+        the side the runtime knows it is on."""
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                 and node.func.attr == "to"):
-            return False
+            return None
         spec = node.args[0] if node.args else next(
             (k.value for k in node.keywords if k.arg == "device"), None)
-        return isinstance(spec, ast.Attribute) and spec.attr == "device" and not _a_parameter(spec.value)
+        if spec is None:
+            return None
+        why = self._side_unknown_of(spec)
+        if why == _A_DEVICES_STRING and (self.target.device_type != "cpu"
+                                          or not self._known_on_the_host(node.func.value)):
+            # another device's string names it; a tensor of unknown side moved by a name copies
+            return None
+        return why
+
+    def _side_unknown_of(self, spec: ast.AST, depth: int = 0) -> Optional[str]:
+        """``_unknown_side``'s answer for a move to ``spec``; an attribute the file assigns
+        (``self.device = ...``) is what it was assigned."""
+        assigned = self.attribute_values.get(self._held_by(spec)) \
+            if isinstance(spec, ast.Attribute) and depth < 3 else None
+        if assigned:
+            return next((why for why in (self._side_unknown_of(value, depth + 1)
+                                         for value in assigned) if why is not None), None)
+        if isinstance(spec, ast.Attribute) and spec.attr == "device":
+            return None if _a_parameter(spec.value) else _READ_OFF_A_RESULT
+        made_from = self._device_string(spec)
+        if made_from is not None and self._device_object(made_from):
+            return _A_DEVICES_STRING
+        return None
+
+    def _known_on_the_host(self, node: ast.AST, depth: int = 0) -> bool:
+        """Whether the file shows ``node`` to be a tensor the runtime knows is in host memory:
+        pinned (``pin_memory()``, ``pin_memory=True``) or moved to the host (``.cpu()``, a move
+        to ``"cpu"`` or a device's string), or a name or attribute assigned one."""
+        if depth > 3:
+            return False
+        if isinstance(node, ast.Call):
+            method = node.func.attr if isinstance(node.func, ast.Attribute) else None
+            if method is not None and _in_place_method(method):    # returns the tensor itself
+                return self._known_on_the_host(node.func.value, depth)
+            if method in ("pin_memory", "cpu") or any(
+                    k.arg == "pin_memory" and _literal(k.value) is True for k in node.keywords):
+                return True
+            if method == "to":
+                spec = node.args[0] if node.args else next(
+                    (k.value for k in node.keywords if k.arg == "device"), None)
+                return spec is not None and (
+                    _literal(spec) in ("cpu", "cpu:0")
+                    or (isinstance(spec, ast.Call) and self.qualify(spec.func) == "torch.device"
+                        and spec.args and _literal(spec.args[0]) in ("cpu", "cpu:0"))
+                    or self._side_unknown_of(spec) == _A_DEVICES_STRING)
+            return False
+        if isinstance(node, ast.Name):
+            tracked = self._tracked(node.id)
+            return tracked is not None and tracked[1] is not None \
+                and self._known_on_the_host(tracked[1], depth + 1)
+        if isinstance(node, ast.Attribute):
+            return any(self._known_on_the_host(value, depth + 1)
+                       for value in self.attribute_values.get(self._held_by(node), ()))
+        return False
+
+    def _a_move(self, node: ast.Call, why: str) -> None:
+        """Remember a move of unknown side by what it moved, for the writes into that tensor."""
+        self.move_reasons[node] = why
+        source = self._held_by(node.func.value)
+        assignment = self.parents.get(node)
+        if isinstance(assignment, ast.Assign) and [self._held_by(t) for t in assignment.targets] == [source]:
+            return           # x = x.to(...): nothing here holds the tensor moved any more
+        if source is not None:
+            self.move_sources[-1].append((source, node, self._loops(node)))
 
     def _written_in_place(self, node: ast.AST) -> None:
-        """A write into what ``node`` holds: where it is a move by a tensor's device, the
-        finding (once per move) where host memory is the device's."""
-        move = node if self._moved_by_tensor_device(node) else None
+        """A write into what ``node`` holds: where it is a move of unknown side, or the tensor
+        such a move moved, the finding (once per move) where host memory is the device's."""
+        move = node if self._unknown_side(node) else None
         if move is None and isinstance(node, ast.Name):
             tracked = self._tracked(node.id)
-            move = tracked[1] if tracked is not None and tracked[0] == _MOVED_BY_TENSOR_DEVICE else None
-        if move is None or not self.target.device_memory_is_host or move in self.reported_moves:
+            move = tracked[1] if tracked is not None and tracked[0] == _MOVED_TO_AN_UNKNOWN_SIDE else None
+        if move is not None:
+            self._report_move(move)
+        written = self._held_by(node)
+        if written is not None:
+            self.writes[-1].append((written, node, self._loops(node)))
+
+    def _held_by(self, node: ast.AST) -> Optional[str]:
+        """``staging`` or ``self.staging``: what a move moved or a write wrote, where it is a
+        name or an attribute chain on one (an attribute of ``self`` known by its class's name,
+        as two classes' ``self.device`` differ); else None (a call's result, an item)."""
+        chain = node
+        while isinstance(chain, ast.Attribute):
+            chain = chain.value
+        if not isinstance(chain, ast.Name):
+            return None
+        held = ast.unparse(node)
+        if chain.id in ("self", "cls") and chain is not node:
+            parent = self.parents.get(node)
+            while parent is not None and not isinstance(parent, ast.ClassDef):
+                parent = self.parents.get(parent)
+            if parent is not None:
+                held = f"{parent.name}:{held}"
+        return held
+
+    def _loops(self, node: ast.AST) -> frozenset:
+        """The loops of its function around ``node``: a write in one of them reaches every turn."""
+        loops = []
+        parent = self.parents.get(node)
+        while parent is not None and not isinstance(parent, _SCOPES):
+            if isinstance(parent, (ast.For, ast.AsyncFor, ast.While)):
+                loops.append(parent)
+            parent = self.parents.get(parent)
+        return frozenset(loops)
+
+    def _sources_written(self, moves, writes, anywhere: bool) -> None:
+        """Report each move whose moved tensor is written in place after it: later in its
+        function, in a loop around both (the refill of a staging buffer at the next turn), or,
+        for an attribute (``self.staging``), in any method, which a program calls again."""
+        for source, move, move_loops in moves:
+            for written, write, write_loops in writes:
+                if written == source and (anywhere or write_loops & move_loops
+                                          or (write.lineno, write.col_offset)
+                                          > (move.lineno, move.col_offset)):
+                    self._report_move(move)
+                    break
+
+    def _end_of_scope(self) -> None:
+        moves, writes = self.move_sources.pop(), self.writes.pop()
+        self._sources_written(moves, writes, anywhere=False)
+        self.attribute_moves += [entry for entry in moves if "." in entry[0]]
+        self.attribute_writes += [entry for entry in writes if "." in entry[0]]
+
+    def _report_move(self, move: ast.Call) -> None:
+        if not self.target.device_memory_is_host or move in self.reported_moves:
             return
         self.reported_moves.add(move)
-        self._add(move, (DIFFERS, "a move to a device read off a tensor, then written in place: on "
-                                  f"the {self.target.name} backend, whose device memory is host "
-                                  "memory, a device read off an op's result does not say which side "
-                                  "it means, so the move returns the tensor itself where CUDA copies "
-                                  "between host and device, and the write changes both",
-                         "read the device off a parameter or a moved tensor, move by name where "
-                         "the copy matters (.to('cuda'), .cuda(), .cpu()), or pass copy=True"),
-                  "move-by-tensor-device")
+        backend = self.target.name
+        if (self.move_reasons.get(move) or self._unknown_side(move)) == _A_DEVICES_STRING:
+            what = (f"a move of a tensor in host memory (pinned, or moved to the host) to a string "
+                    f"made from a device, and the tensor moved or the result then written in place: "
+                    f"on the {backend} backend, whose device memory is host memory, every device's "
+                    f"string is the host's name, so the move returns the tensor itself where CUDA "
+                    f"copies it to the device, and a write to either changes both")
+            fix = "move by the device object itself (.to(d), not .to(str(d))) or by name " \
+                  "(.to('cuda'), .cuda(), .cpu()), or pass copy=True"
+        else:
+            what = (f"a move to a device read off a tensor, and the tensor moved or the result then "
+                    f"written in place: on the {backend} backend, whose device memory is host memory, "
+                    f"a device read off an op's result does not say which side it means, so the move "
+                    f"returns the tensor itself where CUDA copies between host and device, and a "
+                    f"write to either changes both")
+            fix = "read the device off a parameter or a moved tensor, move by name where " \
+                  "the copy matters (.to('cuda'), .cuda(), .cpu()), or pass copy=True"
+        self._add(move, (DIFFERS, what, fix), "move-by-tensor-device")
 
     def visit_AnnAssign(self, node):
         if node.value is not None:
@@ -257,13 +414,13 @@ class FileScanner(ast.NodeVisitor):
                 self._remember(node.target.id, node.value)
 
     def _remember(self, name: str, value: ast.AST) -> None:
-        if self._moved_by_tensor_device(value):
-            self.scopes[-1][name] = (_MOVED_BY_TENSOR_DEVICE, value)
+        if self._unknown_side(value):
+            self.scopes[-1][name] = (_MOVED_TO_AN_UNKNOWN_SIDE, value)
         elif self._device_object(value):
             self.scopes[-1][name] = (_DEVICE_OBJECT, value)
         else:
             source = self._device_string(value)
-            self.scopes[-1][name] = (_DEVICE_STRING, source) if source is not None else (_OTHER, None)
+            self.scopes[-1][name] = (_DEVICE_STRING, source) if source is not None else (_OTHER, value)
 
     def visit_Expr(self, node):
         if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
@@ -444,6 +601,9 @@ class FileScanner(ast.NodeVisitor):
     def _visit_call(self, node, func, qualified: str) -> None:
         if isinstance(func, ast.Attribute) and _in_place_method(func.attr):
             self._written_in_place(func.value)
+        why = self._unknown_side(node)
+        if why is not None:
+            self._a_move(node, why)
         builder = qualified.rpartition(".")[2]
         called = qualified or (func.attr if isinstance(func, ast.Attribute) else
                                func.id if isinstance(func, ast.Name) else "")
