@@ -94,19 +94,24 @@ _RULES = (
          "The CUDA toolkit (CUDA_HOME, /usr/local/cuda) or NVIDIA's tools (nvidia-smi, nvcc), "
          "run or read: the target has neither.", "none: outside the Python process"),
     Rule("CS204", "move-by-tensor-device",
-         "A move to a device read off a tensor (x.to(y.device)) or to a string made from a device "
-         "(x.to(str(d)), x.to(d.type), f'{d}'), where the program then writes in place into the "
-         "result or into the tensor it moved (a staging buffer refilled at the next turn). Where the "
-         "target's device memory is host memory (the CPU backend), a device read off a tensor "
-         "moved or made on the device, a parameter, or a tensor moved to the host names that side, "
-         "and the move copies as on CUDA; one read off an op's result (logits.device) does not say "
-         "whether it means the host or the device, so the move keeps torch's answer: where x is on "
-         "the host, the result is x itself, where CUDA makes a copy, and a write to either changes "
-         "both. A device's string is the host's name there, so a move of a tensor known to be in "
-         "host memory (pinned, or moved to the host) to it returns that tensor too. A device read "
-         "off a parameter (layer.weight.device) is not reported. Moves by name ('cuda', .cuda(), "
-         ".cpu()) and by a device object copy as on CUDA.",
+         "A move to a device read off a tensor (x.to(y.device)) where the program then writes in "
+         "place into the result or into the tensor it moved (a staging buffer refilled at the next "
+         "turn). Where the target's device memory is host memory (the CPU backend), a device read "
+         "off a tensor moved or made on the device, a parameter, or a tensor moved to the host "
+         "names that side, and the move copies as on CUDA; one read off an op's result "
+         "(logits.device) does not say whether it means the host or the device, so the move keeps "
+         "torch's answer: where x is on the host, the result is x itself, where CUDA makes a copy, "
+         "and a write to either changes both. A device read off a parameter (layer.weight.device) "
+         "is not reported. Moves by name ('cuda', .cuda(), .cpu()) copy as on CUDA.",
          "cudashim/patches/residency.py (destination, _side_device)"),
+    Rule("CS205", "move-by-device-string",
+         "A move to a string made from a device (x.to(str(d)), x.to(d.type), model.to(f'{d}')). On "
+         "the CPU backend every device's string is 'cpu', the host's name, which no run can tell "
+         "from the program's own 'cpu': what it moves lands in host memory. A move of pinned memory "
+         "or of a tensor moved to the host returns that tensor, a later .cpu() of what it moved "
+         "returns it itself (a best-weights snapshot shares the live weights), where CUDA copies, "
+         "and device-memory counts leave it out.",
+         "none: a string is plain Python; move by the device object or by name"),
     Rule("CS301", "cuda-only-library",
          "A library that runs only on NVIDIA GPUs and that cudashim has no stand-in for.",
          "cudashim/tables/libraries.py"),

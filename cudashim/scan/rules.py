@@ -39,7 +39,7 @@ _NEGATIONS = (ast.NotEq, ast.NotIn, ast.IsNot)
 _DEVICE_TEMPLATE = re.compile(r"cuda:(\{[^{}]*\}|%[dis])")
 _DEVICE_OBJECT, _DEVICE_STRING, _OTHER = "device", "device string", "other"
 _MOVED_TO_AN_UNKNOWN_SIDE = "moved to a device of unknown side"   # y = x.to(t.device)
-# Why a host-memory target cannot tell which side a move means (``FileScanner._unknown_side``).
+# What a move's destination is, where the CPU backend cannot honour CUDA's copy by it.
 _READ_OFF_A_RESULT, _A_DEVICES_STRING = "read off an op's result", "a device's string"
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 # Where a string is prose, never code: what a program prints, logs, warns or raises, and the
@@ -95,7 +95,6 @@ class FileScanner(ast.NodeVisitor):
         self.reported_moves: set = set()
         # moves of unknown side, and writes in place, by what they moved or wrote (a name or an
         # attribute chain), per function; attributes are matched across the file at its end
-        self.move_reasons: Dict[ast.AST, str] = {}
         self.move_sources: List[list] = [[]]
         self.writes: List[list] = [[]]
         self.attribute_moves: list = []
@@ -246,78 +245,66 @@ class FileScanner(ast.NodeVisitor):
         self._written_in_place(node.target)
 
     # --- moves that CUDA makes copies --------------------------------------------------------
-    def _unknown_side(self, node: ast.AST) -> Optional[str]:
-        """Why a host-memory target cannot tell which side the move ``node`` means, where it is
-        ``x.to(dest, ...)`` / ``x.to(device=dest)`` and ``dest`` is a device read off a tensor
-        that is not plainly a parameter (``logits.device``), or a
-        string made from a device object (``str(d)``, ``d.type``, ``f"{d}"``, or a variable
-        holding one: on the CPU backend the host's name, whatever ``d`` was) and the tensor moved
-        is one the runtime knows is in host memory; else None. A
-        parameter's device (``layer.weight.device``, ``next(model.parameters()).device``) names
-        the side the runtime knows it is on."""
+    def _move_destination(self, node: ast.AST) -> Optional[ast.AST]:
+        """``dest`` where ``node`` is ``x.to(dest, ...)`` / ``x.to(device=dest)``, else None."""
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                 and node.func.attr == "to"):
             return None
-        spec = node.args[0] if node.args else next(
+        return node.args[0] if node.args else next(
             (k.value for k in node.keywords if k.arg == "device"), None)
-        if spec is None:
-            return None
-        why = self._side_unknown_of(spec)
-        if why == _A_DEVICES_STRING and (self.target.device_type != "cpu"
-                                          or not self._known_on_the_host(node.func.value)):
-            # another device's string names it; a tensor of unknown side moved by a name copies
-            return None
-        return why
 
-    def _side_unknown_of(self, spec: ast.AST, depth: int = 0) -> Optional[str]:
-        """``_unknown_side``'s answer for a move to ``spec``; an attribute the file assigns
-        (``self.device = ...``) is what it was assigned."""
+    def _moved_to_an_unknown_side(self, node: ast.AST) -> bool:
+        """Whether ``node`` is a move whose side a host-memory target cannot tell: to a device
+        read off a tensor that is not plainly a parameter (``x.to(logits.device)``, or
+        ``x.to(self.device)`` where the file assigns ``self.device`` one). A parameter's device
+        (``layer.weight.device``, ``next(model.parameters()).device``) names the side the
+        runtime knows it is on."""
+        spec = self._move_destination(node)
+        return spec is not None and self._destination_kind(spec) == _READ_OFF_A_RESULT
+
+    def _destination_kind(self, spec: ast.AST, depth: int = 0) -> Optional[str]:
+        """``_READ_OFF_A_RESULT`` for a device read off a tensor that is not plainly a
+        parameter, ``_A_DEVICES_STRING`` for a string made from a device (``str(d)``,
+        ``d.type``, ``f"{d}"``, or a variable holding one), else None; an attribute the file
+        assigns (``self.device = ...``) is what it was assigned."""
         assigned = self.attribute_values.get(self._held_by(spec)) \
             if isinstance(spec, ast.Attribute) and depth < 3 else None
         if assigned:
-            return next((why for why in (self._side_unknown_of(value, depth + 1)
-                                         for value in assigned) if why is not None), None)
+            return next((kind for kind in (self._destination_kind(value, depth + 1)
+                                           for value in assigned) if kind is not None), None)
         if isinstance(spec, ast.Attribute) and spec.attr == "device":
             return None if _a_parameter(spec.value) else _READ_OFF_A_RESULT
         made_from = self._device_string(spec)
-        if made_from is not None and self._device_object(made_from):
+        if made_from is not None and self._device_object(made_from) and not self._the_host(made_from):
             return _A_DEVICES_STRING
         return None
 
-    def _known_on_the_host(self, node: ast.AST, depth: int = 0) -> bool:
-        """Whether the file shows ``node`` to be a tensor the runtime knows is in host memory:
-        pinned (``pin_memory()``, ``pin_memory=True``) or moved to the host (``.cpu()``, a move
-        to ``"cpu"`` or a device's string), or a name or attribute assigned one."""
-        if depth > 3:
-            return False
-        if isinstance(node, ast.Call):
-            method = node.func.attr if isinstance(node.func, ast.Attribute) else None
-            if method is not None and _in_place_method(method):    # returns the tensor itself
-                return self._known_on_the_host(node.func.value, depth)
-            if method in ("pin_memory", "cpu") or any(
-                    k.arg == "pin_memory" and _literal(k.value) is True for k in node.keywords):
-                return True
-            if method == "to":
-                spec = node.args[0] if node.args else next(
-                    (k.value for k in node.keywords if k.arg == "device"), None)
-                return spec is not None and (
-                    _literal(spec) in ("cpu", "cpu:0")
-                    or (isinstance(spec, ast.Call) and self.qualify(spec.func) == "torch.device"
-                        and spec.args and _literal(spec.args[0]) in ("cpu", "cpu:0"))
-                    or self._side_unknown_of(spec) == _A_DEVICES_STRING)
-            return False
-        if isinstance(node, ast.Name):
-            tracked = self._tracked(node.id)
-            return tracked is not None and tracked[1] is not None \
-                and self._known_on_the_host(tracked[1], depth + 1)
-        if isinstance(node, ast.Attribute):
-            return any(self._known_on_the_host(value, depth + 1)
-                       for value in self.attribute_values.get(self._held_by(node), ()))
-        return False
+    def _the_host(self, device: ast.AST) -> bool:
+        """Whether the file shows ``device`` to be ``torch.device("cpu")``."""
+        if isinstance(device, ast.Name):
+            tracked = self._tracked(device.id)
+            device = tracked[1] if tracked is not None and tracked[1] is not None else device
+        return isinstance(device, ast.Call) and self.qualify(device.func) == "torch.device" \
+            and bool(device.args) and _literal(device.args[0]) in ("cpu", "cpu:0")
 
-    def _a_move(self, node: ast.Call, why: str) -> None:
+    def _moved_by_a_devices_string(self, node: ast.Call) -> None:
+        """``x.to(str(d))``: on the CPU backend every device's string is the host's name."""
+        spec = self._move_destination(node)
+        if spec is None or self.target.device_type != "cpu" or not self.target.redirects \
+                or self._destination_kind(spec) != _A_DEVICES_STRING:
+            return
+        self._add(node, (DIFFERS, f"a move to a string made from a device: on the {self.target.name} "
+                                  "backend every device's string is 'cpu', the host's name, so what "
+                                  "it moves (a tensor or a module) lands in host memory as the "
+                                  "program's own 'cpu' would put it: a move of a tensor already "
+                                  "there (pinned, or moved to the host) returns it itself, and a "
+                                  "later .cpu() of what it moved returns that itself, where CUDA "
+                                  "copies both times; torch.cuda.memory_allocated() leaves it out",
+                         "move by the device object itself (.to(d), not .to(str(d)) or "
+                         ".to(d.type)), or by name (.to('cuda'))"), "move-by-device-string")
+
+    def _a_move(self, node: ast.Call) -> None:
         """Remember a move of unknown side by what it moved, for the writes into that tensor."""
-        self.move_reasons[node] = why
         source = self._held_by(node.func.value)
         assignment = self.parents.get(node)
         if isinstance(assignment, ast.Assign) and [self._held_by(t) for t in assignment.targets] == [source]:
@@ -328,7 +315,7 @@ class FileScanner(ast.NodeVisitor):
     def _written_in_place(self, node: ast.AST) -> None:
         """A write into what ``node`` holds: where it is a move of unknown side, or the tensor
         such a move moved, the finding (once per move) where host memory is the device's."""
-        move = node if self._unknown_side(node) else None
+        move = node if self._moved_to_an_unknown_side(node) else None
         if move is None and isinstance(node, ast.Name):
             tracked = self._tracked(node.id)
             move = tracked[1] if tracked is not None and tracked[0] == _MOVED_TO_AN_UNKNOWN_SIDE else None
@@ -388,24 +375,15 @@ class FileScanner(ast.NodeVisitor):
         if not self.target.device_memory_is_host or move in self.reported_moves:
             return
         self.reported_moves.add(move)
-        backend = self.target.name
-        if (self.move_reasons.get(move) or self._unknown_side(move)) == _A_DEVICES_STRING:
-            what = (f"a move of a tensor in host memory (pinned, or moved to the host) to a string "
-                    f"made from a device, and the tensor moved or the result then written in place: "
-                    f"on the {backend} backend, whose device memory is host memory, every device's "
-                    f"string is the host's name, so the move returns the tensor itself where CUDA "
-                    f"copies it to the device, and a write to either changes both")
-            fix = "move by the device object itself (.to(d), not .to(str(d))) or by name " \
-                  "(.to('cuda'), .cuda(), .cpu()), or pass copy=True"
-        else:
-            what = (f"a move to a device read off a tensor, and the tensor moved or the result then "
-                    f"written in place: on the {backend} backend, whose device memory is host memory, "
-                    f"a device read off an op's result does not say which side it means, so the move "
-                    f"returns the tensor itself where CUDA copies between host and device, and a "
-                    f"write to either changes both")
-            fix = "read the device off a parameter or a moved tensor, move by name where " \
-                  "the copy matters (.to('cuda'), .cuda(), .cpu()), or pass copy=True"
-        self._add(move, (DIFFERS, what, fix), "move-by-tensor-device")
+        self._add(move, (DIFFERS, "a move to a device read off a tensor, and the tensor moved or the "
+                                  "result then written in place: on the "
+                                  f"{self.target.name} backend, whose device memory is host memory, a "
+                                  "device read off an op's result does not say which side it means, so "
+                                  "the move returns the tensor itself where CUDA copies between host "
+                                  "and device, and a write to either changes both",
+                         "read the device off a parameter or a moved tensor, move by name where "
+                         "the copy matters (.to('cuda'), .cuda(), .cpu()), or pass copy=True"),
+                  "move-by-tensor-device")
 
     def visit_AnnAssign(self, node):
         if node.value is not None:
@@ -414,7 +392,7 @@ class FileScanner(ast.NodeVisitor):
                 self._remember(node.target.id, node.value)
 
     def _remember(self, name: str, value: ast.AST) -> None:
-        if self._unknown_side(value):
+        if self._moved_to_an_unknown_side(value):
             self.scopes[-1][name] = (_MOVED_TO_AN_UNKNOWN_SIDE, value)
         elif self._device_object(value):
             self.scopes[-1][name] = (_DEVICE_OBJECT, value)
@@ -601,9 +579,9 @@ class FileScanner(ast.NodeVisitor):
     def _visit_call(self, node, func, qualified: str) -> None:
         if isinstance(func, ast.Attribute) and _in_place_method(func.attr):
             self._written_in_place(func.value)
-        why = self._unknown_side(node)
-        if why is not None:
-            self._a_move(node, why)
+        if self._moved_to_an_unknown_side(node):
+            self._a_move(node)
+        self._moved_by_a_devices_string(node)
         builder = qualified.rpartition(".")[2]
         called = qualified or (func.attr if isinstance(func, ast.Attribute) else
                                func.id if isinstance(func, ast.Name) else "")

@@ -24,4 +24,8 @@ def padded(ids, model):
     return mask & on_weights
 
 
+def prefetched(batch, hidden):
+    return batch.pin_memory().to(f"{hidden.device}", non_blocking=True)  # scan: runs differently
+
+
 from flash_attn.ops.fused_dense import FusedDense  # scan: cannot run here
