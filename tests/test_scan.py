@@ -237,6 +237,9 @@ _MOVES_PROGRAM = textwrap.dedent("""\
     unplaced = torch.ones(2, 4) * 2
     moved = unplaced.to(str(torch.device("cuda")))  # string
     copied["moved back"] = moved.cpu() is not moved
+    again = torch.device(str(model.weight.device))
+    kept = torch.ones(2, 4).cpu()
+    copied["device made again"] = kept.to(again) is not kept  # string
     read_off_a_parameter = torch.ones(2, 4).to(model.weight.device)
     read_off_a_parameter.add_(1)
     host = torch.device("cpu")
@@ -252,7 +255,8 @@ _MOVES_PROGRAM = textwrap.dedent("""\
 def test_moves_by_a_devices_string_and_writes_into_the_tensor_moved_are_named_as_the_run_behaves(
         tmp_path, monkeypatch):
     """On the CPU backend every device's string is 'cpu', the host's name, so a move by one
-    (``x.to(str(d))``, ``model.to(f"{d}")``) lands in host memory: the scan names each (CS205). A
+    (``x.to(str(d))``, ``model.to(f"{d}")``, ``x.to(torch.device(str(d)))``) lands in host memory:
+    the scan names each (CS205). A
     move by a device read off an op's result keeps torch's answer, and the scan now names it where
     the program writes into the tensor it moved, a staging buffer refilled at the next turn (CS204),
     as well as into the result. The run shows CUDA's copy missing at exactly those moves on the CPU
@@ -277,7 +281,7 @@ def test_moves_by_a_devices_string_and_writes_into_the_tensor_moved_are_named_as
         return json.loads(out.read_text())
 
     assert {case for case, made in run().items() if not made} == \
-        {"prefetcher", "staging refilled", "best weights", "moved back"}
+        {"prefetcher", "staging refilled", "best weights", "moved back", "device made again"}
     for target in targets():
         seen = run(*target.options)
         assert all(seen.values()), (target.name, seen)

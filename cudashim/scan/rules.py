@@ -265,8 +265,9 @@ class FileScanner(ast.NodeVisitor):
     def _destination_kind(self, spec: ast.AST, depth: int = 0) -> Optional[str]:
         """``_READ_OFF_A_RESULT`` for a device read off a tensor that is not plainly a
         parameter, ``_A_DEVICES_STRING`` for a string made from a device (``str(d)``,
-        ``d.type``, ``f"{d}"``, or a variable holding one), else None; an attribute the file
-        assigns (``self.device = ...``) is what it was assigned."""
+        ``d.type``, ``f"{d}"``, or a variable holding one) or a device made from one
+        (``torch.device(str(d))``), else None; an attribute the file assigns
+        (``self.device = ...``) is what it was assigned."""
         assigned = self.attribute_values.get(self._held_by(spec)) \
             if isinstance(spec, ast.Attribute) and depth < 3 else None
         if assigned:
@@ -274,6 +275,15 @@ class FileScanner(ast.NodeVisitor):
                                            for value in assigned) if kind is not None), None)
         if isinstance(spec, ast.Attribute) and spec.attr == "device":
             return None if _a_parameter(spec.value) else _READ_OFF_A_RESULT
+        # a device made again from a device's string: torch.device(str(d)), or a name holding one
+        if isinstance(spec, ast.Name) and depth < 3:
+            tracked = self._tracked(spec.id)
+            if tracked is not None and tracked[0] == _DEVICE_OBJECT and \
+                    self._destination_kind(tracked[1], depth + 1) == _A_DEVICES_STRING:
+                return _A_DEVICES_STRING
+        if isinstance(spec, ast.Call) and self.qualify(spec.func) == "torch.device" and spec.args \
+                and depth < 3 and self._destination_kind(spec.args[0], depth + 1) == _A_DEVICES_STRING:
+            return _A_DEVICES_STRING
         made_from = self._device_string(spec)
         if made_from is not None and self._device_object(made_from) and not self._the_host(made_from):
             return _A_DEVICES_STRING
