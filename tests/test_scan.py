@@ -176,13 +176,18 @@ def test_a_move_by_a_tensors_device_written_in_place_is_named_where_host_memory_
             on_weights.add_(1)
             on_parameters = scores.to(next(model.parameters()).device)
             on_parameters.add_(1)
+            on_the_model = scores.to(model.device)
+            on_the_model.add_(1)
+            on_an_output = scores.to(model_output.device)
+            on_an_output.add_(1)
             return scores.to(logits.device).mul_(2), bias.sum(), kept + named, total
         """))
     cpu = _scan(["masks.py"], cwd=tmp_path, monkeypatch=monkeypatch)
     moves = {f.line for f in cpu.findings if f.rule == "CS204"}
-    # written in place: by a method, by an item, in one chain; read only (bias, kept), moved by
-    # name, or to a parameter's device (whose side the CPU backend knows): no finding
-    assert moves == {5, 8, 17}
+    # written in place: by a method, by an item, in one chain, and off an output named like a
+    # model's; read only (bias, kept), moved by name, or to a parameter's or a model's device
+    # (whose side the CPU backend knows): no finding
+    assert moves == {5, 8, 19, 21}
     assert all(f.kind == "runs differently" for f in cpu.findings if f.rule == "CS204")
     xpu = _scan(["masks.py"], backend="xpu", cwd=tmp_path, monkeypatch=monkeypatch)
     assert not [f for f in xpu.findings if f.rule == "CS204"]   # device memory of its own: a copy

@@ -102,7 +102,7 @@ _RULES = (
          "(logits.device) does not say whether it means the host or the device, so the move keeps "
          "torch's answer: where x is on the host, the result is x itself, where CUDA makes a copy, "
          "and a write to either changes both. A device read off a parameter (layer.weight.device) "
-         "is not reported. Moves by name ('cuda', .cuda(), .cpu()) copy as on CUDA.",
+         "or a module by its name (model.device, as Hugging Face models answer) is not reported. Moves by name ('cuda', .cuda(), .cpu()) copy as on CUDA.",
          "cudashim/patches/residency.py (destination, _side_device)"),
     Rule("CS205", "move-by-device-string",
          "A move to a string made from a device (x.to(str(d)), x.to(d.type), model.to(f'{d}')). On "

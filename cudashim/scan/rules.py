@@ -42,6 +42,9 @@ _MOVED_TO_AN_UNKNOWN_SIDE = "moved to a device of unknown side"   # y = x.to(t.d
 # What a move's destination is, where the CPU backend cannot honour CUDA's copy by it.
 _READ_OFF_A_RESULT, _A_DEVICES_STRING = "read off an op's result", "a device's string"
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+# What programs name their modules: a device read off one is its parameters' (model.device).
+_MODULE_NAME = re.compile(r"(^|_)(model|module|net|network|unet|vae|encoder|decoder|backbone|"
+                          r"generator|discriminator|policy|critic|actor|classifier)$")
 # Where a string is prose, never code: what a program prints, logs, warns or raises, and the
 # help texts it gives argparse and the like.
 _PROSE_FUNCTIONS = frozenset({"print", "input"})
@@ -985,8 +988,12 @@ class _ReplaceLiteral(ast.NodeTransformer):
 
 
 def _a_parameter(node: ast.AST) -> bool:
-    """Whether ``node`` plainly reads a module's parameter: ``<x>.weight``, ``<x>.bias``, or
-    ``next(<x>.parameters())``."""
+    """Whether ``node`` plainly reads a module's parameter (``<x>.weight``, ``<x>.bias``,
+    ``next(<x>.parameters())``) or is a module by its name (``model``, ``self.unet``,
+    ``ema_model``), whose ``.device`` is its parameters' (Hugging Face's ``model.device``)."""
+    if isinstance(node, (ast.Name, ast.Attribute)) and \
+            _MODULE_NAME.search(node.id if isinstance(node, ast.Name) else node.attr):
+        return True
     if isinstance(node, ast.Attribute):
         return node.attr in ("weight", "bias")
     return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "next"
