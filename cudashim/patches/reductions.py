@@ -106,6 +106,8 @@ def _reduced_run(x, dim):
     ndim = x.dim()
     if dim is None:
         return x.numel(), ndim
+    if dim.__class__ is int and ndim and (dim == -1 or dim == ndim - 1):    # the common call
+        return x.shape[-1], 1
     dims = (dim,) if isinstance(dim, int) else dim
     if not isinstance(dims, (tuple, list)) or not dims or not ndim \
             or not all(isinstance(d, int) and -ndim <= d < ndim for d in dims):
@@ -119,7 +121,7 @@ def _reduced_run(x, dim):
 def _blockable_norm(x, ord, dim, dtype):
     """(run, dimensions reduced) where this norm is one to block; else None."""
     if type(x) not in _PLAIN or x.dtype not in _FLOAT32_ACCUMULATED or x.numel() < NORM_BLOCKED_FROM \
-            or x.device.type != "cpu" or (dtype is not None and dtype not in _FLOAT32_ACCUMULATED) \
+            or not x.is_cpu or (dtype is not None and dtype not in _FLOAT32_ACCUMULATED) \
             or isinstance(ord, bool) or not isinstance(ord, (int, float)) or ord == 0 \
             or not math.isfinite(ord):
         return None
@@ -134,10 +136,15 @@ def blocked_norm(vector_norm, x, ord, reduced, keepdim, dtype):
     run, dims = reduced
     norms = _summed_norms(x, ord, run, dtype)
     if norms is None:
-        norms = _norm_of_blocks(vector_norm, x.reshape(-1, run), ord,
-                                torch.float32 if dtype is None else dtype)
-    kept = x.shape[:x.dim() - dims]
-    return norms.reshape(kept + ((1,) * dims if keepdim else ())).to(x.dtype if dtype is None else dtype)
+        rows = x if dims == 1 and x.dim() == 2 else x.reshape(-1, run)
+        norms = _norm_of_blocks(vector_norm, rows, ord, torch.float32 if dtype is None else dtype)
+    # Each op skipped where it would change nothing: right after torch's parallel kernels, a
+    # Python-level op costs several microseconds while the pool's threads spin down.
+    shape = x.shape[:x.dim() - dims] + ((1,) * dims if keepdim else ())
+    if norms.shape != shape:
+        norms = norms.reshape(shape)
+    wanted = x.dtype if dtype is None else dtype
+    return norms if norms.dtype is wanted else norms.to(wanted)
 
 
 def _summed_norms(x, ord, run, dtype):
@@ -158,10 +165,13 @@ def _norm_of_blocks(vector_norm, rows, ord, accumulate):
     """Each row's norm, through as many levels of blocks as its length needs: a norm kernel
     that runs one accumulator (torch's 1-norm) drifts over the blocks' norms too."""
     run = rows.shape[1]
+    if accumulate is rows.dtype:
+        accumulate = None                # the same sums, on torch's faster path for its own dtype
     if run <= NORM_BLOCK:
         return vector_norm(rows, ord, -1, dtype=accumulate)
     whole = run - run % NORM_BLOCK
-    parts = vector_norm(rows[:, :whole].reshape(rows.shape[0], -1, NORM_BLOCK), ord, -1, dtype=accumulate)
+    head = rows if whole == run else rows[:, :whole]
+    parts = vector_norm(head.reshape(rows.shape[0], -1, NORM_BLOCK), ord, -1, dtype=accumulate)
     if whole < run:
         parts = torch.cat([parts, vector_norm(rows[:, whole:], ord, -1, True, dtype=accumulate)], 1)
     return _norm_of_blocks(vector_norm, parts, ord, None)
