@@ -9,6 +9,7 @@ not accumulate. Runs over ``torch.distributed`` on any collective library.
 from __future__ import annotations
 
 import math
+import types
 from typing import Optional
 
 import torch
@@ -88,13 +89,15 @@ class CompressedBackend:
         self.group = group
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
-        # The tensors the last call handed to the collective library, held until the next call.
-        # Gloo's worker threads drop a finished collective's tensors after the caller has moved
-        # on; where a worker drops the last reference, freeing the tensor needs the GIL. torch 2.7
-        # and earlier join those threads holding the GIL when the group is destroyed, so a
-        # destroy_process_group() right after a call hung for good, in 3 of 4 runs of its test.
-        # Held here, the worker's drop frees nothing.
-        self._exchanged = ()
+        # Every tensor handed to the collective library is one of these buffers, kept for the
+        # backend's life (one set per length of buffer, as a program's buckets repeat). Gloo's
+        # worker threads drop a finished collective's tensors some time after the caller moved on;
+        # where a worker drops the last reference to a tensor Python made, freeing it needs the
+        # GIL, and torch 2.7 and earlier join those threads holding the GIL when the group is
+        # destroyed, so destroy_process_group() could hang for good. Holding only the last
+        # call's tensors narrowed that (a worker descheduled past a whole call still freed the
+        # one before); tensors that live as long as the backend leave a worker nothing to free.
+        self._buffers = {}
 
     def compressed_allreduce(self, buffer: torch.Tensor, worker_error: torch.Tensor,
                              server_error: torch.Tensor) -> torch.Tensor:
@@ -112,30 +115,46 @@ class CompressedBackend:
         if server_error.numel() != chunk:
             raise ValueError(f"server_error has {server_error.numel()} elements; expected {chunk}")
 
-        exchanged = []
         # Worker side: compensate, compress, send chunk r of the signs to rank r.
         worker_scale, packed = compensate_and_compress(buffer, worker_error)
-        received = torch.empty_like(packed)
-        dist.all_to_all_single(received, packed, group=self.group)
-        exchanged += (received, packed)
-        worker_scales = self._all_gather_scale(worker_scale, exchanged)
+        kept = self._kept(size, packed, worker_scale)
+        kept.packed.copy_(packed)
+        dist.all_to_all_single(kept.received, kept.packed, group=self.group)
+        worker_scales = self._all_gather_scale(worker_scale, kept.worker_scale, kept.worker_scales)
 
         # Server side: average this rank's chunk across ranks, compensate, compress again.
-        server_scale, server_packed = server_compress(received, worker_scales, server_error)
+        server_scale, server_packed = server_compress(kept.received, worker_scales, server_error)
 
         # Everyone gathers every server chunk and decompresses the whole buffer.
-        gathered = torch.empty(world * server_packed.numel(), dtype=torch.uint8, device=packed.device)
-        _all_gather_single(gathered, server_packed, group=self.group)
-        exchanged += (gathered, server_packed)
-        expand_into(buffer, gathered, self._all_gather_scale(server_scale, exchanged))
-        self._exchanged = tuple(exchanged)
+        kept.server_packed.copy_(server_packed)
+        _all_gather_single(kept.gathered, kept.server_packed, group=self.group)
+        expand_into(buffer, kept.gathered,
+                    self._all_gather_scale(server_scale, kept.server_scale, kept.server_scales))
         return buffer
 
-    def _all_gather_scale(self, scale: torch.Tensor, exchanged: list) -> torch.Tensor:
-        scales = [torch.empty(1, dtype=scale.dtype, device=scale.device) for _ in range(self.world_size)]
-        given = scale.reshape(1)
+    def _kept(self, size: int, packed: torch.Tensor, scale: torch.Tensor) -> types.SimpleNamespace:
+        """The buffers this backend exchanges for a worker error of ``size`` elements."""
+        kept = self._buffers.get((size, packed.device, scale.dtype))
+        if kept is None:
+            world = self.world_size
+            server_bytes = size // world // 8
+
+            def scales():
+                return [torch.empty(1, dtype=scale.dtype, device=scale.device) for _ in range(world)]
+
+            kept = types.SimpleNamespace(
+                packed=torch.empty_like(packed), received=torch.empty_like(packed),
+                server_packed=torch.empty(server_bytes, dtype=torch.uint8, device=packed.device),
+                gathered=torch.empty(world * server_bytes, dtype=torch.uint8, device=packed.device),
+                worker_scale=torch.empty(1, dtype=scale.dtype, device=scale.device),
+                server_scale=torch.empty(1, dtype=scale.dtype, device=scale.device),
+                worker_scales=scales(), server_scales=scales())
+            self._buffers[(size, packed.device, scale.dtype)] = kept
+        return kept
+
+    def _all_gather_scale(self, scale: torch.Tensor, given: torch.Tensor, scales: list) -> torch.Tensor:
+        given.copy_(scale.reshape(1))
         dist.all_gather(scales, given, group=self.group)
-        exchanged += (*scales, given)
         return torch.cat(scales)
 
     @staticmethod
