@@ -96,12 +96,13 @@ def test_a_program_started_ignoring_signals_keeps_ignoring_them(layout):
 
 
 def test_it_is_forked_not_started(layout):
-    """The program's interpreter is the zygote's, which imported torch, and numpy with it, before
-    the program ran (torch's own modules wait for the program's import of torch)."""
-    probe = "import sys; print('numpy' in sys.modules, sys.executable)"
+    """The program's interpreter is the zygote's, which imported torch, and numpy with it, and
+    sympy, which torch._dynamo imports, before the program ran (torch's own modules wait for the
+    program's import of torch)."""
+    probe = "import sys; print('numpy' in sys.modules, 'sympy' in sys.modules, sys.executable)"
     forked, fresh = _both("-c", probe, cwd=layout)
-    assert forked.stdout.split() == ["True", str(zygote._running.executable)]
-    assert fresh.stdout.split() == ["False", sys.executable]
+    assert forked.stdout.split() == ["True", "True", str(zygote._running.executable)]
+    assert fresh.stdout.split() == ["False", "False", sys.executable]
 
 
 @pytest.mark.parametrize("program", [
@@ -163,13 +164,15 @@ def test_a_killed_stand_in_takes_its_program_with_it(layout):
     pytest.fail(f"the program {pid} still runs")
 
 
-@pytest.mark.parametrize("difference", ["option", "variable", "shadowing"])
+@pytest.mark.parametrize("difference", ["option", "variable", "library-variable", "shadowing"])
 def test_what_a_fork_could_not_honour_starts_afresh(layout, difference):
     args, env = ["-c", "import sys; print('numpy' in sys.modules, sys.executable)"], {}
     if difference == "option":
         args = ["-X", "utf8", *args]
     elif difference == "variable":
         env["PYTHONHASHSEED"] = "7"                 # read as the interpreter starts
+    elif difference == "library-variable":
+        env["SYMPY_USE_CACHE"] = "no"               # read as the zygote imported sympy
     else:
         (layout / "numpy.py").write_text("")       # shadows a module the zygote imported
     forked, fresh = _both(*args, cwd=layout, env=env)

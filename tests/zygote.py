@@ -15,7 +15,8 @@ working folder, the open files (by number), the standard streams, PYTHONPATH and
 ``sitecustomize`` on it, signal handlers, a session of its own. Torch's own modules are out of
 ``sys.modules`` until the program imports torch (``_TorchAsNotYetImported``), so cudashim's
 launcher and start-up hook find torch not imported yet and wait for it, as they do in a fresh
-interpreter; the libraries torch imported (numpy, pynvml, ...) are there from the start.
+interpreter; the libraries torch imported (numpy, pynvml, ...) are there from the start, and sympy,
+which torch imports later (``_LIBRARIES_TORCH_IMPORTS_LATER``).
 
 Where a fork cannot be the same, the client execs the real interpreter instead (``_why_fresh``):
 other options before the program, a variable Python or torch reads as it starts that differs from
@@ -46,10 +47,18 @@ CLIENT = HERE / "zygote_client.py"
 # collective, at a build) are named in _READ_LATER.
 _READ_AT_START = ("PYTHON", "TORCH", "PYTORCH", "OMP_", "KMP_", "GOMP_", "MKL", "LD_", "ATEN_",
                   "DNNL_", "ONEDNN_", "OPENBLAS", "NUMPY", "LC_", "LANG", "MALLOC", "GLIBC", "CUDA_",
-                  "HIP", "ROCM", "XLA", "TF_")
+                  "HIP", "ROCM", "XLA", "TF_", "SYMPY_", "MPMATH_", "SAGE_ROOT")
 _READ_LATER = ("PYTHONPATH", "PYTORCH_NVML_BASED_CUDA_CHECK", "CUDA_VISIBLE_DEVICES",
                "TORCHELASTIC_", "TORCH_NCCL_", "TORCHINDUCTOR_", "TORCH_EXTENSIONS_DIR",
                "TORCH_COMPILE_DEBUG_DIR")
+
+# Libraries that torch's lazily imported parts import, and that import nothing of torch's: the
+# zygote imports them after torch, and they stay imported in every program, as numpy does. sympy
+# (with mpmath) comes with torch._dynamo, which torch imports at a program's first optimizer step:
+# 0.4 of the 1.2 CPU-seconds that import costs a forked program here. torch._dynamo itself stays
+# the program's to import: imported before cudashim activates, it would build its tables from
+# unpatched torch, which no user's program does.
+_LIBRARIES_TORCH_IMPORTS_LATER = ("sympy",)
 
 _running = None                         # this worker's zygote (a Zygote), once started
 
@@ -165,6 +174,8 @@ def _imports_quietly() -> bool:
         os.dup2(said.fileno(), 2)
         try:
             import torch  # noqa: F401
+            if not _import_libraries_torch_imports_later():
+                return False
         except Exception:
             return False
         finally:
@@ -175,6 +186,20 @@ def _imports_quietly() -> bool:
             for fd in saved:
                 os.close(fd)
         return os.fstat(said.fileno()).st_size == 0
+
+
+def _import_libraries_torch_imports_later() -> bool:
+    """Import those of ``_LIBRARIES_TORCH_IMPORTS_LATER`` that are installed; False where one
+    imported a module of torch's, which a program would then find imported before cudashim
+    activates (programs start afresh)."""
+    import importlib
+    torch_modules = {name for name in sys.modules if name.partition(".")[0] in _TorchAsNotYetImported.OWN}
+    for library in _LIBRARIES_TORCH_IMPORTS_LATER:
+        try:
+            importlib.import_module(library)
+        except ImportError:
+            continue
+    return {name for name in sys.modules if name.partition(".")[0] in _TorchAsNotYetImported.OWN} == torch_modules
 
 
 def _keep(connection: socket.socket):
