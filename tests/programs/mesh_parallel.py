@@ -25,6 +25,9 @@ parallel over the rest. Rank 0 writes to OUT.json:
   with another world size;
 - ``mixed`` (``--then-mixed``): the same steps trained again afterwards, by the same ranks, from
   the same weights, with MixedPrecisionPolicy(bfloat16) and CPUOffloadPolicy.
+
+A resumed run (``--resume``) computes what resuming needs: ``rng``, and ``losses`` from step K on
+(no attention, context parallelism, resharding or reference, which the run that saved computed).
 ``--rng-only`` stops after the random ops (torch before 2.6, whose FSDP2 does not compose with TP).
 """
 
@@ -299,8 +302,10 @@ def main():
     world = dist.get_world_size()
     tp = 2 if world % 2 == 0 else 1
     mesh = init_device_mesh("cuda", (world // tp, tp), mesh_dim_names=("dp", "tp"))
-    seen = {"world": world, "mesh": list(mesh.shape), "rng": random_ops(mesh), "resharded": resharded(mesh),
-            "attention": attention_on_shards(mesh), "context_parallel": context_parallel_step(mesh)}
+    seen = {"world": world, "mesh": list(mesh.shape), "rng": random_ops(mesh)}
+    if not args.resume:
+        seen.update(resharded=resharded(mesh), attention=attention_on_shards(mesh),
+                    context_parallel=context_parallel_step(mesh))
     if not args.rng_only:
         seen.update(trained(mesh, args, bf16=False, offload=False))
         if args.then_mixed:
@@ -335,8 +340,8 @@ def trained(mesh, args, bf16, offload, checkpoints=True):
     seen["parameter"] = [type(next(model.parameters())).__name__,
                          str(next(model.parameters()).to_local().device)]
 
-    if not checkpoints:
-        return seen
+    if not checkpoints or args.resume or dist.get_rank() != 0:
+        return seen                     # the reference is rank 0's to write
     reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)
     seen["reference"] = []
     train(reference, reference_optimizer, data, 0, seen["reference"])
