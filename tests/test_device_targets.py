@@ -19,6 +19,7 @@ missing streams, events and collectives, one device shared) is proven by the oth
 """
 
 import json
+import math
 from importlib.metadata import version
 from typing import Optional
 
@@ -477,7 +478,10 @@ def test_qlora_trains_and_generates_as_on_the_cpu(tmp_path):
         assert len(said) == (1 if target else 0) and (not said or "8-bit optimizers" in said[0])
         return json.loads(run.stdout.strip().splitlines()[-1])
 
-    on_cpu = qlora(None)
+    on_cpu = qlora(None)            # the CPU backend: its 8-bit run (test_substitutes runs 4-bit)
+    assert on_cpu["weight_dtype"] == "torch.int8" and on_cpu["is_cuda"] and on_cpu["adapters_moved"]
+    assert on_cpu["device"] == "cpu" and len(on_cpu["tokens"]) == 4 + 3          # prompt and new tokens
+    assert all(math.isfinite(x) for x in on_cpu["losses"]) and on_cpu["losses"][-1] < on_cpu["losses"][0]
     for target in targets(**ON_THE_TEST_ACCELERATOR):
         seen = qlora(target)
         assert seen["device"] == target.device(0) and seen["adapters_moved"]
