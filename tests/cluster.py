@@ -12,6 +12,12 @@ The test side calls ``run(...)``, which starts this file as the cluster's first 
 (``python tests/cluster.py SPEC RESULT``): it builds the nodes, starts the commands on them
 side by side, waits for them (up to a deadline, then kills them), and reports each command's
 exit status, output and time, and every process left behind in the cluster once they ended.
+
+Where the suite forks its programs from a zygote (tests/zygote.py), each node gets a zygote of
+its own, started in the node's namespaces, so that what is forked from it lives on that node: a
+command whose interpreter is this Python runs the node's zygote client instead, and so do the
+interpreters it starts (torchrun's ranks). The zygotes end before the cluster is searched for
+processes left behind.
 """
 
 from __future__ import annotations
@@ -97,11 +103,13 @@ def run(commands: Sequence[Command], *, nodes: int = 2, rate: Optional[str] = No
         timeout: float = 240, environ: Optional[Dict[str, str]] = None) -> ClusterRun:
     """Run ``commands`` side by side on a fresh cluster of ``nodes``; ``rate`` (``"1gbit"``)
     shapes every node's link; each command sees ``environ`` plus its own ``env``."""
+    import zygote
     with tempfile.TemporaryDirectory(prefix="cluster-") as tmp:
         spec, result = Path(tmp, "spec.json"), Path(tmp, "result.json")
         spec.write_text(json.dumps({
             "nodes": nodes, "rate": rate, "timeout": timeout, "environ": dict(environ or os.environ),
-            "commands": [dataclasses.asdict(command) for command in commands]}))
+            "commands": [dataclasses.asdict(command) for command in commands],
+            "zygotes": zygote.executable() != sys.executable}))
         driver = subprocess.run([*_NAMESPACES, sys.executable, __file__, str(spec), str(result)],
                                 capture_output=True, text=True, timeout=timeout + 120)
         if driver.returncode != 0 or not result.exists():
@@ -164,15 +172,36 @@ def _processes_left(driver_pid: int) -> List[str]:
     return left
 
 
+def _node_zygotes(spec: dict) -> dict:
+    """A serving zygote per node that runs a command, started with that node's first command's
+    environment (a command whose environment differs where Python or torch read it as they start
+    is started afresh by it)."""
+    import zygote
+    zygotes = {}
+    for command in spec["commands"]:
+        if command["node"] not in zygotes:
+            zygotes[command["node"]] = zygote.Zygote({**spec["environ"], **command["env"]},
+                                                     launcher=on_node(command["node"], []))
+    for node, started in list(zygotes.items()):
+        if not started.serving(timeout=120):
+            started.stop()
+            del zygotes[node]
+    return zygotes
+
+
 def _drive(spec_path: str, result_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
     _build(spec["nodes"], spec["rate"], Path(spec_path).with_name("hosts"))
+    zygotes = _node_zygotes(spec) if spec["zygotes"] else {}
     started, processes, outs = time.monotonic(), [], []
     for index, command in enumerate(spec["commands"]):
         out = open(Path(spec_path).with_name(f"out{index}"), "w+"), open(Path(spec_path).with_name(f"err{index}"), "w+")
         outs.append(out)
+        argv = command["argv"]
+        if argv[:1] == [sys.executable] and command["node"] in zygotes:
+            argv = [str(zygotes[command["node"]].executable), *argv[1:]]
         processes.append(subprocess.Popen(
-            on_node(command["node"], command["argv"]), env={**spec["environ"], **command["env"]},
+            on_node(command["node"], argv), env={**spec["environ"], **command["env"]},
             cwd=command["cwd"], stdout=out[0], stderr=out[1], start_new_session=True))
     ended = [None] * len(processes)
     deadline = started + spec["timeout"]
@@ -190,6 +219,8 @@ def _drive(spec_path: str, result_path: str) -> None:
             ended[index] = time.monotonic() - started
         else:
             codes.append(process.returncode)
+    for node_zygote in zygotes.values():
+        node_zygote.stop()
     # Whatever a command left running has had a moment to end on its own.
     settle = time.monotonic() + 5
     left = _processes_left(os.getpid())

@@ -74,6 +74,25 @@ def assert_same_training(final_path, reference, exact=True):
         torch.testing.assert_close(final["model"], reference["model"], rtol=1e-5, atol=1e-7)
 
 
+def test_a_program_started_on_a_node_lives_on_that_node():
+    """Its host name and address are the node's, as are those of what it starts; where the suite
+    forks its programs, each node's are forked from a zygote of that node's (tests/cluster.py). A
+    zygote client of another place (this worker's) starts its program afresh on the node."""
+    import zygote
+    probe = ("import socket, subprocess, sys; name = socket.gethostname(); "
+             "print(name, socket.gethostbyname(name), sys.executable); sys.stdout.flush(); "
+             "subprocess.run([sys.executable, '-c', 'import socket; print(socket.gethostname())'])")
+    run = run_cluster([cluster.Command(node, [interpreter, "-c", probe], cwd=str(ROOT))
+                       for node, interpreter in ((0, sys.executable), (1, sys.executable), (1, zygote.executable()))])
+    assert run.returncodes == [0, 0, 0], run.output()
+    assert not run.left_behind, run.left_behind
+    forked = zygote.executable() != sys.executable
+    for (node, expected), outcome in zip(((0, forked), (1, forked), (1, False)), run.outcomes):
+        (name, address, interpreter), (child,) = (line.split() for line in outcome.stdout.splitlines())
+        assert (name, address, child) == (cluster.node_name(node), cluster.node_address(node), name)
+        assert (interpreter != sys.executable) == expected, (node, interpreter)
+
+
 def test_two_nodes_of_two_ranks_train_like_one_node_of_four(tmp_path, one_node_of_four):
     """Under torchrun's c10d rendezvous. Its static form (``--master-addr``, ``--node-rank``)
     starts the eight-rank job on the test accelerator and the compressed allreduce's nodes below."""

@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Sequence
 
 HERE = Path(__file__).resolve().parent
 CLIENT = HERE / "zygote_client.py"
@@ -67,13 +68,15 @@ _running = None                         # this worker's zygote (a Zygote), once 
 class Zygote:
     """A zygote process of this worker, and the folder holding its socket and client."""
 
-    def __init__(self, env: dict):
+    def __init__(self, env: dict, launcher: Sequence[str] = ()):
+        """``launcher``: what the zygote is started under (a cluster node's namespaces); the
+        programs forked from it live there too."""
         self.folder = Path(tempfile.mkdtemp(prefix="cudashim-zygote-"))
         self.address = self.folder / "socket"
         self.executable = self._client_executable()
         self.process = subprocess.Popen(
-            [sys.executable, str(HERE / "zygote.py"), str(self.address)], env=env, cwd=str(HERE.parent),
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [*launcher, sys.executable, str(HERE / "zygote.py"), str(self.address)], env=env,
+            cwd=str(HERE.parent), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def _client_executable(self) -> Path:
         """``bin/python`` running the client, beside links to what the environment's ``bin``
@@ -304,6 +307,11 @@ def _why_fresh(request: dict):
         return "interpreter options"
     if args[0] not in ("-m", "-c") and not os.path.isfile(os.path.join(request["cwd"], args[0])):
         return "not a script file"
+    # the client's own function, run from its file: no module of the program's sys.modules
+    import runpy
+    namespaces = runpy.run_path(str(CLIENT))["namespaces"]
+    if request["namespaces"] != namespaces():
+        return "another network namespace or host name"   # a cluster node's, not the zygote's
     mine = os.environ
     theirs = request["env"]
     for name in set(mine) | set(theirs):

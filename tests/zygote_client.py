@@ -34,7 +34,7 @@ def main(address: str, real_python: str, args: list) -> None:
     with connection:
         files = _open_files(except_fd=connection.fileno())
         request = json.dumps({"args": args, "env": dict(os.environ), "cwd": os.getcwd(),
-                              "fds": files, "ignored": ignored}).encode()
+                              "fds": files, "ignored": ignored, "namespaces": namespaces()}).encode()
         socket.send_fds(connection, [struct.pack("!Q", len(request))], files)
         connection.sendall(request)
         replies = connection.makefile("rb")
@@ -48,6 +48,16 @@ def main(address: str, real_python: str, args: list) -> None:
         os._exit(int(value))
     number = int(value) if how == "signal" else signal.SIGKILL    # "": the zygote was killed
     _die_by(number)
+
+
+def namespaces() -> dict:
+    """Where this process lives: its network namespace and host name (a cluster node's, for one:
+    tests/cluster.py), which a program forked from a zygote elsewhere would not share."""
+    try:
+        network = os.readlink("/proc/self/ns/net")
+    except OSError:
+        network = None
+    return {"network": network, "host name": os.uname().nodename}
 
 
 def inherited_ignored() -> list:
