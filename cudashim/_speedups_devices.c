@@ -13,6 +13,12 @@ typedef struct {
     PyObject *cache;          /* dict spec -> result or the unchanged marker, or NULL */
     PyObject *indices;        /* dict int -> result (ints are kept apart: True == 1), or NULL */
     PyObject *unchanged;      /* the marker for "hand back the caller's object" */
+    /* The value last found in the caches, and what it translates to (itself where unchanged).
+     * A cache entry never changes once made, so the same object translates the same: a
+     * program passing one device (or "cpu") to every call pays a pointer comparison, not a
+     * dict lookup. Only objects whose equality is their class's own are kept (an exact str
+     * or int, a class that cannot be subclassed: torch.device). */
+    PyObject *last, *last_result;
 } Translation;
 
 static int translation_init(Translation *t, PyObject *translate, PyObject *cache,
@@ -41,6 +47,8 @@ static int translation_traverse(Translation *t, visitproc visit, void *arg)
     Py_VISIT(t->cache);
     Py_VISIT(t->indices);
     Py_VISIT(t->unchanged);
+    Py_VISIT(t->last);
+    Py_VISIT(t->last_result);
     return 0;
 }
 
@@ -50,16 +58,35 @@ static void translation_clear(Translation *t)
     Py_CLEAR(t->cache);
     Py_CLEAR(t->indices);
     Py_CLEAR(t->unchanged);
+    Py_CLEAR(t->last);
+    Py_CLEAR(t->last_result);
 }
 
 /* A new reference to the translated value (``value`` itself where nothing changes). */
+static int kept_by_identity(PyObject *value)
+{
+    return PyUnicode_CheckExact(value) || PyLong_CheckExact(value) ||
+           !PyType_HasFeature(Py_TYPE(value), Py_TPFLAGS_BASETYPE);
+}
+
 static PyObject *translate_value(Translation *t, PyObject *value)
 {
-    PyObject *table = PyLong_CheckExact(value) ? t->indices : t->cache;
+    PyObject *table;
+    if (value == t->last) {
+        Py_INCREF(t->last_result);
+        return t->last_result;
+    }
+    table = PyLong_CheckExact(value) ? t->indices : t->cache;
     if (table != NULL) {
         PyObject *hit = PyDict_GetItemWithError(table, value);     /* borrowed */
         if (hit != NULL) {
             hit = hit == t->unchanged ? value : hit;
+            if (kept_by_identity(value)) {
+                Py_INCREF(value);
+                Py_INCREF(hit);
+                Py_XSETREF(t->last, value);
+                Py_XSETREF(t->last_result, hit);
+            }
             Py_INCREF(hit);
             return hit;
         }

@@ -3,7 +3,9 @@
 Specs are parsed with the real ``torch.device``, never matched as substrings, so a
 malformed spec fails exactly as torch fails for it and a path containing "cuda" is left
 alone. Parsed strings and device objects are cached: a translated call costs one dict
-lookup. Integers are CUDA indices only where the caller says so (``t.to(0)``).
+lookup, and in the compiled wrappers a call passing the object translated last (the one
+device a program passes everywhere) costs a pointer comparison. Integers are CUDA indices
+only where the caller says so (``t.to(0)``).
 """
 
 from __future__ import annotations

@@ -266,7 +266,12 @@ def test_a_translated_call_keeps_no_reference_behind():
     cudashim.activate("cpu")
     t = torch.ones(2)
     spec = "cuda:0"
-    t.to(spec)                   # the translator's cache keeps the spec it parsed, once
+    # The translator's cache keeps the spec it parsed, once; each compiled wrapper keeps the
+    # object it translated last (one reference, not one a call).
+    for _ in range(2):
+        t.to(spec)
+        torch.zeros(1, device=spec)
+        t.cuda()
     before = sys.getrefcount(spec), sys.getrefcount(t)
     for _ in range(1000):
         t.to(spec)
@@ -610,6 +615,53 @@ def test_a_compiled_rewriter_takes_as_many_slots_and_classes_as_its_declaration_
     assert rewriter("a", k3="b") == (("A",), {"k3": "B"})         # and it still works after
     many = rewriter(*["x"] * 20, k0="y")                            # past the arguments kept on the stack
     assert many == (("X",) + ("x",) * 19, {"k0": "Y"})
+
+
+@needs_compiled
+def test_a_compiled_translation_answers_an_object_seen_last_as_the_caches_do():
+    """The compiled translation keeps the object it last found in the caches, and answers it
+    again without a lookup: each of two specs taking turns still gets its own translation,
+    a spec whose equality is its class's own (it may change) is looked up on every call, and
+    nothing is held but the one object kept and its translation."""
+    from cudashim import _speedups
+
+    unchanged, target = object(), torch.device("meta")
+    device = torch.device("cuda", 0)
+    cache = {"cuda": target, "cpu": unchanged, device: target}
+    indices = {0: target}
+    misses = []
+
+    def translate(value):
+        misses.append(value)
+        return value
+
+    rewriter = _speedups.Rewriter(lambda *args, **kwargs: (args, kwargs),
+                                  ((0, "device", None, translate, cache, indices, unchanged),))
+    cuda, cpu = "cuda", "cpu"
+    counts = sys.getrefcount(cuda), sys.getrefcount(cpu), sys.getrefcount(device)
+    for _ in range(100):
+        assert rewriter(cuda)[0] == (target,)
+        assert rewriter(cpu)[0][0] is cpu
+        assert rewriter(device=device)[1] == {"device": target}
+        assert rewriter(0)[0] == (target,)
+    assert misses == []
+    # One reference more at most, to the object kept last: none for the others.
+    assert sys.getrefcount(cuda) - counts[0] == 0 and sys.getrefcount(cpu) - counts[1] == 0
+    assert sys.getrefcount(device) - counts[2] == 0
+
+    class Spec(str):
+        """A spec whose equality follows what it names now."""
+        def __hash__(self):
+            return hash(self.now)
+
+        def __eq__(self, other):
+            return self.now == other
+
+    spec = Spec("either")
+    for now, expected in (("cuda", target), ("cpu", spec), ("cuda", target), ("cpu", spec)):
+        spec.now = now
+        assert rewriter(spec)[0][0] is expected, now
+    assert misses == []
 
 
 @needs_compiled
