@@ -434,10 +434,12 @@ PyTypeObject StayType = {
 /* Tensor.device where device memory is host memory (the twin of cudashim/patches/residency.py:
  * _side_device): torch's device, as the device object of the side the tensor is known to be on.
  * Read as often as a tensor is, so the common answer (a tensor of unknown side) costs torch's
- * getter and one dict probe. */
+ * getter and one dict probe, and a tensor of known side the probe and torch's is_cpu (no
+ * device object made to compare). */
 typedef struct {
     PyObject_HEAD
     PyObject *real;           /* TensorBase.device, a getset descriptor */
+    PyObject *real_is_cpu;    /* TensorBase.is_cpu, a getset descriptor */
     PyObject *sides;          /* Residency.sides: id(tensor) -> (side, weak reference) */
     PyObject *device;         /* the target's device object */
     PyObject *host;           /* the program's torch.device("cpu") */
@@ -479,34 +481,29 @@ static PyObject *known_side(SideDeviceObject *self, PyObject *tensor)
 
 static PyObject *SideDevice_get(SideDeviceObject *self, PyObject *obj, PyObject *type)
 {
-    PyObject *found, *side, *answer;
-    int in_host_memory;
+    PyObject *side, *answer, *in_host_memory;
     if (obj == NULL || obj == Py_None) {
         Py_INCREF(self);
         return (PyObject *)self;
     }
-    found = Py_TYPE(self->real)->tp_descr_get(self->real, obj, (PyObject *)Py_TYPE(obj));
-    if (found == NULL)
-        return NULL;
     side = known_side(self, obj);
-    if (side == NULL) {
-        Py_DECREF(found);
+    if (side == NULL)
         return NULL;
-    }
     if (side == self->device_side)
         answer = self->device;
     else if (side == self->host_side || side == self->pinned_side)
         answer = self->host;
     else
-        return found;
-    /* only while the tensor is in host memory (a module moved to "meta" keeps its objects) */
-    in_host_memory = PyObject_RichCompareBool(found, self->host, Py_EQ);
-    if (in_host_memory <= 0) {
-        if (in_host_memory < 0)
-            Py_CLEAR(found);
-        return found;
-    }
-    Py_DECREF(found);
+        return Py_TYPE(self->real)->tp_descr_get(self->real, obj, (PyObject *)Py_TYPE(obj));
+    /* Only while the tensor is in host memory (a module moved to "meta" keeps its objects):
+     * torch's own is_cpu says so without making a device object to compare. */
+    in_host_memory = Py_TYPE(self->real_is_cpu)->tp_descr_get(self->real_is_cpu, obj,
+                                                               (PyObject *)Py_TYPE(obj));
+    if (in_host_memory == NULL)
+        return NULL;
+    Py_DECREF(in_host_memory);
+    if (in_host_memory != Py_True)
+        return Py_TYPE(self->real)->tp_descr_get(self->real, obj, (PyObject *)Py_TYPE(obj));
     Py_INCREF(answer);
     return answer;
 }
@@ -519,43 +516,47 @@ static int SideDevice_set(SideDeviceObject *self, PyObject *obj, PyObject *value
 
 static PyObject *SideDevice_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    static char *keywords[] = {"real", "sides", "device", "host", "device_side", "host_side",
-                               "pinned_side", "parameter_type", "memory", "place", "doc", NULL};
-    PyObject *values[11];
+    static char *keywords[] = {"real", "real_is_cpu", "sides", "device", "host", "device_side",
+                               "host_side", "pinned_side", "parameter_type", "memory", "place",
+                               "doc", NULL};
+    PyObject *values[12];
     SideDeviceObject *self;
     int i;
-    values[10] = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!OOOOOOOO|O:SideDevice", keywords, &values[0],
-                                     &PyDict_Type, &values[1], &values[2], &values[3], &values[4],
+    values[11] = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!OOOOOOOO|O:SideDevice", keywords, &values[0],
+                                     &values[1], &PyDict_Type, &values[2], &values[3], &values[4],
                                      &values[5], &values[6], &values[7], &values[8], &values[9],
-                                     &values[10]))
+                                     &values[10], &values[11]))
         return NULL;
-    if (Py_TYPE(values[0])->tp_descr_get == NULL || Py_TYPE(values[0])->tp_descr_set == NULL) {
-        PyErr_SetString(PyExc_TypeError, "SideDevice: real must be a data descriptor");
-        return NULL;
-    }
+    for (i = 0; i < 2; i++)
+        if (Py_TYPE(values[i])->tp_descr_get == NULL || (i == 0 && Py_TYPE(values[i])->tp_descr_set == NULL)) {
+            PyErr_SetString(PyExc_TypeError, "SideDevice: real and real_is_cpu must be torch's descriptors");
+            return NULL;
+        }
     self = (SideDeviceObject *)type->tp_alloc(type, 0);
     if (self == NULL)
         return NULL;
-    for (i = 0; i < 11; i++)
+    for (i = 0; i < 12; i++)
         Py_INCREF(values[i]);
     self->real = values[0];
-    self->sides = values[1];
-    self->device = values[2];
-    self->host = values[3];
-    self->device_side = values[4];
-    self->host_side = values[5];
-    self->pinned_side = values[6];
-    self->parameter_type = values[7];
-    self->memory = values[8];
-    self->place = values[9];
-    self->doc = values[10];
+    self->real_is_cpu = values[1];
+    self->sides = values[2];
+    self->device = values[3];
+    self->host = values[4];
+    self->device_side = values[5];
+    self->host_side = values[6];
+    self->pinned_side = values[7];
+    self->parameter_type = values[8];
+    self->memory = values[9];
+    self->place = values[10];
+    self->doc = values[11];
     return (PyObject *)self;
 }
 
 static int SideDevice_traverse(SideDeviceObject *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->real);
+    Py_VISIT(self->real_is_cpu);
     Py_VISIT(self->sides);
     Py_VISIT(self->device);
     Py_VISIT(self->host);
@@ -572,6 +573,7 @@ static int SideDevice_traverse(SideDeviceObject *self, visitproc visit, void *ar
 static int SideDevice_clear(SideDeviceObject *self)
 {
     Py_CLEAR(self->real);
+    Py_CLEAR(self->real_is_cpu);
     Py_CLEAR(self->sides);
     Py_CLEAR(self->device);
     Py_CLEAR(self->host);
@@ -602,7 +604,7 @@ PyTypeObject SideDeviceType = {
     .tp_name = "cudashim._speedups.SideDevice",
     .tp_basicsize = sizeof(SideDeviceObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "SideDevice(real, sides, device, host, device_side, host_side, pinned_side, "
+    .tp_doc = "SideDevice(real, real_is_cpu, sides, device, host, device_side, host_side, pinned_side, "
               "parameter_type, memory, place, doc=None): Tensor.device as the device of the "
               "side the tensor is known to be on",
     .tp_new = SideDevice_new,

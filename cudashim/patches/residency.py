@@ -146,25 +146,26 @@ def _install_device_reading(activation, residency, host_device):
     around one (``nn.Linear(..., device="cuda")``, a model built under ``with torch.device("cuda")``),
     a gradient or optimizer state counted at a step. Such a parameter is placed when first read,
     so ``model.device`` costs a dict probe after."""
-    real = vars(torch._C.TensorBase)["device"]
+    real, real_is_cpu = vars(torch._C.TensorBase)["device"], vars(torch._C.TensorBase)["is_cpu"]
     device_object = activation.backend.target_device(None)
     memory, compiled = residency.memory, activation.compiled
     if compiled is not None:
-        reading = compiled.SideDevice(real, residency.sides, device_object, host_device, DEVICE, HOST,
-                                      PINNED, torch.nn.Parameter, memory, residency.place, real.__doc__)
+        reading = compiled.SideDevice(real, real_is_cpu, residency.sides, device_object, host_device,
+                                      DEVICE, HOST, PINNED, torch.nn.Parameter, memory, residency.place,
+                                      real.__doc__)
     else:
-        reading = property(_side_device(real, residency, device_object, host_device), real.__set__,
-                           doc=real.__doc__)         # the setter: torch's own refusal
+        reading = property(_side_device(real, real_is_cpu, residency, device_object, host_device),
+                           real.__set__, doc=real.__doc__)       # the setter: torch's own refusal
     activation.registry.set_attr(torch.Tensor, "device", reading)
 
 
-def _side_device(real, residency, device_object, host_device):
+def _side_device(real, real_is_cpu, residency, device_object, host_device):
     """The Python twin of ``cudashim._speedups.SideDevice``."""
-    real_device, sides, memory = real.__get__, residency.sides, residency.memory
+    real_device, in_host_memory, sides, memory = real.__get__, real_is_cpu.__get__, \
+        residency.sides, residency.memory
     Parameter, place = torch.nn.Parameter, residency.place
 
     def device(self):
-        found = real_device(self)
         entry = sides.get(id(self))
         if entry is not None:
             side = entry[0]
@@ -173,10 +174,10 @@ def _side_device(real, residency, device_object, host_device):
                 place(self, DEVICE)
             side = DEVICE
         else:
-            return found
+            return real_device(self)
         answer = device_object if side is DEVICE else host_device if side in (HOST, PINNED) else None
         # only while the tensor is in host memory (a module moved to "meta" keeps its objects)
-        return answer if answer is not None and found == host_device else found
+        return answer if answer is not None and in_host_memory(self) else real_device(self)
 
     return device
 
