@@ -22,11 +22,25 @@ PATCH_GROUPS = "cudashim.patch_groups"
 
 @functools.lru_cache(maxsize=None)
 def _entry_points() -> Dict[str, Tuple]:
-    from importlib.metadata import entry_points
-    found = entry_points()
-    if hasattr(found, "select"):
-        return {group: tuple(found.select(group=group)) for group in (BACKENDS, PATCH_GROUPS)}
-    return {group: tuple(found.get(group, ())) for group in (BACKENDS, PATCH_GROUPS)}   # Python 3.9
+    # importlib.metadata's entry_points() parses every installed distribution's entry points:
+    # about 0.1 ms each (6 ms for 58 distributions, 8 for 94, more in a large image) on every
+    # activation. A distribution whose entry_points.txt has no section named for a group of
+    # ours declares none, and reading the text alone costs under half as much (3 and 4 ms);
+    # the few that do are parsed by importlib.metadata as entry_points() parses them: the first
+    # distribution of each name on the path, which shadows any later one.
+    from importlib.metadata import distribution, distributions
+    found, names = [], set()
+    for dist in distributions():
+        if "[cudashim." not in (dist.read_text("entry_points.txt") or ""):     # no group of ours
+            continue
+        name = dist.metadata["Name"]
+        if name is None:               # no metadata, so nothing shadows it: its own entry points
+            found.extend(dist.entry_points)
+        elif name not in names:        # the first of its name on the path, as entry_points() reads
+            names.add(name)
+            found.extend(distribution(name).entry_points)
+    return {group: tuple(entry for entry in found if entry.group == group)
+            for group in (BACKENDS, PATCH_GROUPS)}
 
 
 def registered(group: str, built_in: Collection[str]) -> Dict[str, str]:

@@ -362,6 +362,33 @@ def test_a_vendor_package_adds_a_backend_through_an_entry_point(tmp_path):
     assert chosen == "musa MUSA_VISIBLE_DEVICES musa:0"
 
 
+def test_entry_points_are_read_as_importlib_metadata_reads_them(tmp_path, monkeypatch):
+    """Only distributions with a section named for a cudashim group are parsed, and among those
+    of one name the first on the path counts: what is found is what importlib.metadata's
+    entry_points() selects, a shadowed distribution's groups left out."""
+    from importlib.metadata import entry_points
+
+    from cudashim import plugins
+    first, later = tmp_path / "first", tmp_path / "later"
+    first.mkdir(), later.mkdir()
+    # A newer release earlier on the path no longer declares the backend its older one did.
+    installed_distribution(first, "moved-backend", "[console_scripts]\nmoved = moved.cli:main\n")
+    installed_distribution(later, "moved-backend", "[cudashim.backends]\nmoved = moved:MovedBackend\n")
+    installed_distribution(later, "both-groups", "[console_scripts]\nboth = cudashim.cli:main\n"
+                           "[cudashim.patch_groups]\nboth = both_group\n"
+                           "[cudashim.backends]\nboth = both_backend:BothBackend\n")
+    # Names cudashim in its values only: it declares no group of ours.
+    installed_distribution(later, "mentions-only", "[console_scripts]\nx = cudashim.backends.cpu:main\n")
+    monkeypatch.syspath_prepend(str(later))
+    monkeypatch.syspath_prepend(str(first))
+    plugins._entry_points.cache_clear()
+    everything = entry_points()
+    for group, expected in ((plugins.BACKENDS, {"both": "both_backend:BothBackend"}),
+                            (plugins.PATCH_GROUPS, {"both": "both_group"})):
+        selected = everything.select(group=group) if hasattr(everything, "select") else everything[group]
+        assert plugins.registered(group, ()) == {entry.name: entry.value for entry in selected} == expected
+
+
 def test_a_broken_vendor_package_is_reported_and_detection_moves_on(tmp_path):
     broken = tmp_path / "torch_npu"
     broken.mkdir()
