@@ -134,7 +134,8 @@ def test_a_failed_activation_leaves_nothing_active():
 @pytest.mark.parametrize("collecting", [True, False], ids=["collector-on", "collector-off"])
 def test_activation_runs_none_of_the_programs_garbage_collections(collecting):
     """``import torch`` leaves a full collection due; the program runs it, not activation,
-    whose thousands of allocations would otherwise start it."""
+    whose thousands of allocations would otherwise start it. What activation made lives as
+    long as the program: it waits in the oldest generation, where no young collection walks it."""
     import gc
     import torch
     import cudashim
@@ -145,10 +146,17 @@ def test_activation_runs_none_of_the_programs_garbage_collections(collecting):
     if not collecting:
         gc.disable()
     cudashim.activate("cpu")
+    activation = cudashim.activation.current_activation()
+    kept = [[] for _ in range(500)]                  # the allocations that follow: under gen 0's threshold
     # Unpaused, activation starts some twenty young collections and two of the middle
-    # generation. Paused, the first allocation after it is re-enabled collects the young one.
-    assert started in ([], [0])
+    # generation; paused and left young, the first allocation after it starts a young
+    # collection that walks all of activation's objects.
+    assert started == []
     assert gc.isenabled() is collecting, "the collector is left as the program had it"
+    oldest = gc.get_objects(generation=2)
+    assert any(kept is thing for thing in gc.get_objects(generation=0))
+    # A program that pauses the collector keeps what it made young, ours with it.
+    assert any(activation is thing for thing in oldest) is collecting
     cudashim.deactivate()
 
 
