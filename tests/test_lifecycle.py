@@ -160,6 +160,21 @@ def test_activation_runs_none_of_the_programs_garbage_collections(collecting):
     cudashim.deactivate()
 
 
+def test_objects_the_program_froze_stay_frozen_through_activation():
+    """A program that froze its objects (a server before it forks its workers) keeps them out
+    of every collection: activation moves nothing then."""
+    import gc
+    import cudashim                                  # torch is imported: activation is at once
+
+    kept = [[]]                                      # the program's own: frozen, in no generation
+    gc.freeze()
+    cudashim.activate("cpu")
+    assert gc.get_freeze_count() > 0
+    assert not any(kept is thing for thing in gc.get_objects())
+    cudashim.deactivate()
+    gc.unfreeze()
+
+
 def test_one_activation_object_holds_what_was_chosen_and_is_handed_to_the_patches():
     import torch
     import cudashim
