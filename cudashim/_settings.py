@@ -11,7 +11,7 @@ defaults. Every environment variable cudashim reads is named here and nowhere el
 
 from __future__ import annotations
 
-import dataclasses
+import collections
 import os
 from typing import Any, Callable, Mapping, NamedTuple, Optional, Tuple
 
@@ -237,7 +237,14 @@ def env_var(name: str) -> str:
     return BY_NAME[name].env
 
 
-class _SettingsMethods:
+class Settings(collections.namedtuple("Settings", [option.name for option in OPTIONS],
+                                      defaults=[option.default for option in OPTIONS])):
+    """The settings in force (see OPTIONS): read-only, compared and hashed by value.
+
+    A named tuple rather than a frozen dataclass: every ``import cudashim`` builds it, and a
+    dataclass compiles its six generated methods there (about 2 ms of each start-up)."""
+    __slots__ = ()
+
     @staticmethod
     def spelled(name: str, value: str) -> str:
         """How a user sets setting ``name`` to ``value``: its flag, and its variable."""
@@ -266,12 +273,6 @@ class _SettingsMethods:
             if text is not None:
                 env[option.env] = text
         return env
-
-
-Settings = dataclasses.make_dataclass(
-    "Settings", [(o.name, Any, dataclasses.field(default=o.default)) for o in OPTIONS],
-    bases=(_SettingsMethods,), frozen=True, namespace={"__module__": __name__,
-                                                      "__doc__": "The settings in force (see OPTIONS)."})
 
 
 def load(environ: Optional[Mapping[str, str]] = None, **overrides) -> "Settings":

@@ -7,7 +7,6 @@ CUDA-style program runs.
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import platform
 import sys
@@ -296,4 +295,4 @@ def decided_line(line: str, meta_path) -> str:
 
 
 def _without_report(settings):
-    return dataclasses.replace(settings, report=False, report_json=None)   # doctor writes no report
+    return settings._replace(report=False, report_json=None)   # doctor writes no report

@@ -31,10 +31,10 @@ literally defeats them. So, by default (``amp_dtype="auto"``):
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import threading
-from typing import Callable, Dict, List, Optional
+import types
+from typing import Callable, Dict, List, Mapping, NamedTuple, Optional
 
 import torch
 
@@ -53,14 +53,14 @@ PRECISION_COST = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class MatmulChoices:
+class MatmulChoices(NamedTuple):
     """What a float16 matmul computes in, per shape class, on this target."""
     memory_bound: str                   # AS_ASKED, BFLOAT16 or FLOAT32
     compute_bound: str
     memory_bound_rows: int              # a product of at most this many rows a matrix is memory-bound
     how_known: str
-    timings: Dict[str, Dict[str, float]] = dataclasses.field(default_factory=dict, compare=False)
+    # What the choices were measured from: {shape class: {choice: ms, "rows": rows}}
+    timings: Mapping[str, Mapping[str, float]] = types.MappingProxyType({})
 
     def is_memory_bound(self, rows: Optional[int]) -> bool:
         """Whether a product of ``rows`` rows a matrix is memory-bound (None: not known, no)."""
@@ -84,21 +84,29 @@ class Float32Regions(threading.local):
     depth = 0
 
 
-@dataclasses.dataclass(frozen=True)
 class PrecisionPolicy:
-    amp_dtype: str                       # the setting: auto, as-asked, bfloat16, float16
-    tf32: str                            # the setting: auto, ignore
-    device_type: str
-    fast: Dict[torch.dtype, bool]        # which reduced-precision dtypes the target computes fast
-    how_known: str
-    float32_regions: Float32Regions = dataclasses.field(default_factory=Float32Regions, compare=False,
-                                                        repr=False)
-    # Measures (or looks up) the float16 matmul choices; asked once, when first needed.
-    measure_matmuls: Optional[Callable[[], MatmulChoices]] = dataclasses.field(default=None, compare=False,
-                                                                             repr=False)
-    # Times (or looks up) the other float16 ops both ways; asked once, when first needed.
-    measure_ops: Optional[Callable[[], Dict[str, dict]]] = dataclasses.field(default=None, compare=False,
-                                                                           repr=False)
+    """What CUDA's precision requests compute in on one target, under one setting.
+
+    A plain class, not a dataclass: it is built at every activation, and a dataclass compiles
+    its generated methods when its module is imported, a millisecond of every start-up."""
+
+    def __init__(self, amp_dtype: str, tf32: str, device_type: str, fast: Dict[torch.dtype, bool],
+                 how_known: str, measure_matmuls: Optional[Callable[[], MatmulChoices]] = None,
+                 measure_ops: Optional[Callable[[], Dict[str, dict]]] = None):
+        self.amp_dtype = amp_dtype           # the setting: auto, as-asked, bfloat16, float16
+        self.tf32 = tf32                     # the setting: auto, ignore
+        self.device_type = device_type
+        self.fast = fast                     # which reduced-precision dtypes the target computes fast
+        self.how_known = how_known
+        self.float32_regions = Float32Regions()
+        # Measures (or looks up) the float16 matmul choices; asked once, when first needed.
+        self.measure_matmuls = measure_matmuls
+        # Times (or looks up) the other float16 ops both ways; asked once, when first needed.
+        self.measure_ops = measure_ops
+
+    def __repr__(self):
+        return (f"PrecisionPolicy(amp_dtype={self.amp_dtype!r}, tf32={self.tf32!r}, "
+                f"device_type={self.device_type!r}, fast={self.fast!r}, how_known={self.how_known!r})")
 
     @classmethod
     def of(cls, backend, settings) -> "PrecisionPolicy":

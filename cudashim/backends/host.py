@@ -11,20 +11,19 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import dataclasses
 import sys
 import threading
 import time
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
 from .. import torch_names
 
 
-@dataclasses.dataclass(frozen=True)
-class DeviceProperties:
-    """The fields programs read from ``torch.cuda.get_device_properties()``."""
+class DeviceProperties(NamedTuple):
+    """The fields programs read from ``torch.cuda.get_device_properties()``, read-only as
+    CUDA's are."""
     name: str
     total_memory: int
     major: int
