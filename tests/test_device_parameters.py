@@ -34,6 +34,44 @@ def test_every_device_parameter_in_torch_is_classified():
     assert len(found) > 200
 
 
+def test_takes_answers_as_the_parameters_torch_gives():
+    """``takes`` stops reading at the first source that names the parameter: it must answer
+    what the whole set does, for Python functions, C++ bindings and documented overloads."""
+    from cudashim.patches.factories import constructors
+
+    functions = [function for _, function in device_parameters._methods("torch.Tensor", torch.Tensor)]
+    functions += [value for name, value in vars(torch).items()
+                  if callable(value) and not name.startswith("_") and not isinstance(value, type)]
+    functions += [getattr(owner, name) for owner, name in constructors()]
+    asked = ("pin_memory", "device", "dtype", "non_blocking")
+    differ = [(getattr(function, "__qualname__", function), parameter)
+              for function in functions for parameter in asked
+              if device_parameters.takes(function, parameter)
+              != (parameter in (device_parameters.parameters_of(function) or ()))]
+    assert differ == []
+    assert device_parameters.takes(torch.zeros, "pin_memory")        # from its schema
+    assert device_parameters.takes(torch.tensor, "pin_memory")       # from its docstring only
+    assert not device_parameters.takes(torch.zeros, "non_blocking")
+
+
+def test_signatures_are_inspects_own():
+    """The shortcut for C functions answers as ``inspect.signature`` does, for torch's C
+    bindings, method descriptors, slot wrappers, Python functions and classes alike."""
+    from cudashim.patching.signatures import signature
+
+    def inspects(function):
+        try:
+            return inspect.signature(function)
+        except (TypeError, ValueError):
+            return None
+
+    functions = [value for value in vars(torch.Tensor).values()] + list(vars(torch).values())
+    functions += [len, dict.get, object.__init__, (1).__add__, dict.fromkeys, torch.nn.Linear]
+    differ = [function for function in functions if signature(function) != inspects(function)]
+    assert differ == []
+    assert signature(torch.zeros) is None and signature(len) is not None
+
+
 def _declared_targets():
     for group in GROUPS:
         module = group_module(group)

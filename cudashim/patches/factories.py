@@ -13,7 +13,7 @@ import importlib
 
 import torch
 
-from ..patching.device_parameters import parameters_of
+from ..patching.device_parameters import takes
 from ..patching.rewriter import DEVICE, PIN_MEMORY, Argument, Rewrite, rewrite
 
 # Where torch keeps constructors whose registered name differs from their attribute name
@@ -48,7 +48,7 @@ def _declaration(owner, name):
     ones that take pin_memory have it unpinned where the target cannot pin. A tensor made on
     the device is placed there (``activation.placing``)."""
     arguments = [Argument(DEVICE)]
-    if "pin_memory" in (parameters_of(getattr(owner, name)) or ()):
+    if takes(getattr(owner, name), "pin_memory"):
         arguments.append(Argument(PIN_MEMORY, "pin_memory"))
     return Rewrite(f"{owner.__name__}:{name}", tuple(arguments), places=True, inherits=name.endswith("_like"))
 

@@ -18,6 +18,7 @@ import wrapt
 
 from ..tables.device_parameters import DELEGATED, DELEGATED_TO, SCOPE_MODULES, SCOPE_PACKAGES, TRANSLATED, \
     UNTOUCHED, UNTOUCHED_BECAUSE, VOCABULARY
+from .signatures import signature
 
 
 class Parameter(NamedTuple):
@@ -177,16 +178,28 @@ def _parameter_names(name, function):
 def parameters_of(function):
     """The parameter names torch gives ``function``: from its signature, or for C++ code
     from its operator schemas and its documented signature; None where torch says nothing."""
-    try:
-        parameters = inspect.signature(function).parameters.values()
-    except (TypeError, ValueError):
-        parameters = None
+    found = signature(function)
+    parameters = None if found is None else found.parameters.values()
     if parameters is not None and not any(p.kind == p.VAR_KEYWORD for p in parameters):
         return {p.name for p in parameters}
     names = set(_schema_parameters(function)) | _documented_parameters(function)
     if parameters is not None:
         names |= {p.name for p in parameters}
     return names or None
+
+
+def takes(function, parameter: str) -> bool:
+    """Whether ``parameter`` is among ``parameters_of(function)``, reading its sources only
+    until one names it: an operator's schema mostly does, and the docstring, the costliest to
+    read, is then left unread (activation asks this of every constructor)."""
+    found = signature(function)
+    parameters = None if found is None else found.parameters
+    if parameters is not None:
+        if parameter in parameters:
+            return True
+        if not any(p.kind == p.VAR_KEYWORD for p in parameters.values()):
+            return False
+    return parameter in _schema_parameters(function) or parameter in _documented_parameters(function)
 
 
 def _documented_parameters(function):

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import functools
 import importlib
-import inspect
 import logging
 import operator
 from typing import Any, Callable, NamedTuple, Optional, Tuple
 
 import torch
 import wrapt
+
+from .signatures import signature
 
 log = logging.getLogger(__name__)
 
@@ -259,10 +260,10 @@ def _slot(activation, declaration, argument, original):
 
 
 def _signature_position(original, parameter: str) -> Optional[int]:
-    try:
-        parameters = list(inspect.signature(original).parameters.values())
-    except (TypeError, ValueError):                  # a C function: keywords only
+    found = signature(original)
+    if found is None:                                # a C function: keywords only
         return None
+    parameters = list(found.parameters.values())
     for index, p in enumerate(parameters):
         if p.name == parameter:
             positional = p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
