@@ -296,7 +296,6 @@ def _install(settings) -> Activation:
     from . import patches
     from .kernels import native
     from .precision import PrecisionPolicy
-    from .report import Report, check_writable
     from .translation import DeviceTranslator
 
     backends.load_devices(settings)
@@ -306,9 +305,13 @@ def _install(settings) -> Activation:
     if not backend.redirects:
         log.info("cudashim: real CUDA is available; passing through, nothing patched (%s)", reason)
         return Activation(settings, backend, reason, registry)
-    if settings.report_json:
-        check_writable(settings.report_json)
-    report = Report(backend.name) if (settings.report or settings.report_json) else None
+    report = None
+    if settings.report or settings.report_json:
+        from .report import Report, check_writable     # a module only a report needs
+
+        if settings.report_json:
+            check_writable(settings.report_json)
+        report = Report(backend.name)
     activation = Activation(settings, backend, reason, registry,
                             DeviceTranslator(backend, report), report,
                             PrecisionPolicy.of(backend, settings), speedups.chosen(settings),
