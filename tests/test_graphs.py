@@ -261,3 +261,32 @@ def test_capturable_optimizers_step_on_the_target_and_the_table_comes_back():
         optimizer.step()
         assert optimizer.state[model.weight]["step"].item() == 1
     assert adam._get_capturable_supported_devices is table
+
+
+_RECORDER = ("cudashim.graphs.recording", "cudashim.graphs.replay", "cudashim.graphs.callables")
+
+
+def test_the_recorder_is_imported_at_the_first_capture_not_at_activation():
+    """The proxy binds CUDAGraph at every activation; what records and replays comes with the
+    first capture, and a graph captured then replays as one captured with it loaded."""
+    code = f"""if True:
+        import json, sys, torch, cudashim
+        cudashim.activate("cpu")
+        loaded = lambda: [name for name in {_RECORDER!r} if name in sys.modules]
+        seen = {{"activated": loaded(), "capturing": torch.cuda.is_current_stream_capturing()}}
+        seen["asked"] = loaded()
+        x = torch.ones(3, device="cuda")
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            y = x * 2
+        x.fill_(5)
+        g.replay()
+        seen["replayed"], seen["captured"] = y.tolist(), loaded()
+        print(json.dumps(seen))
+    """
+    result = python("-c", code)
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert seen["activated"] == seen["asked"] == [] and seen["capturing"] is False
+    assert seen["replayed"] == [10.0, 10.0, 10.0]
+    assert set(seen["captured"]) >= {"cudashim.graphs.recording", "cudashim.graphs.replay"}

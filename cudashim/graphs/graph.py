@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from typing import Optional
 
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from ..errors import UnsupportedCudaAPI, warn_once
-from .recording import Recorder, storage_key
-from .replay import replay_program
+
+# The recorder and the replay (``recording.py``, ``replay.py``) are imported at the first
+# capture: the proxy ``torch.cuda`` binds ``CUDAGraph`` at every activation, and most programs
+# never capture.
 
 _pool_ids = itertools.count(1)
 _CAPTURE_ERROR_MODES = ("global", "thread_local", "relaxed")
@@ -39,7 +40,11 @@ def graph_pool_handle():
 def is_capturing() -> bool:
     """Whether the calling thread is capturing (autograd's engine threads too, while they run
     a captured backward)."""
-    return any(isinstance(mode, Recorder) for mode in _get_current_dispatch_mode_stack())
+    modes = _get_current_dispatch_mode_stack()
+    if not modes:
+        return False
+    from .recording import Recorder
+    return any(isinstance(mode, Recorder) for mode in modes)
 
 
 class _GeneratorStates:
@@ -65,7 +70,7 @@ class RecordedGraph:
 
     def __init__(self, keep_graph: bool = False):
         self._keep_graph = keep_graph
-        self._recorder: Optional[Recorder] = None
+        self._recorder = None                # a recording.Recorder while capturing
         self._steps = None                   # the recording, once captured
         self._replay = None                  # the replay, once instantiated
         self._pool = None
@@ -80,6 +85,8 @@ class RecordedGraph:
             raise RuntimeError("This CUDAGraph instance already owns a captured graph. To capture "
                                "a new graph, create a new instance.")
         self._pool = tuple(pool) if pool is not None else (next(_pool_ids), 0)
+        from .recording import Recorder
+
         self._generators = _GeneratorStates(self._backend)
         self._recorder = Recorder(self._backend.device_type)
         self._recorder.__enter__()
@@ -100,6 +107,8 @@ class RecordedGraph:
     def instantiate(self) -> None:
         if self._steps is None:
             raise RuntimeError("Called CUDAGraph::instantiate without a preceding successful capture.")
+        from .replay import replay_program
+
         self._replay = replay_program(self._steps)
 
     # --- use ----------------------------------------------------------------------------
@@ -154,6 +163,8 @@ class RecordedGraph:
 
 
 def _dot(steps) -> str:
+    from .recording import storage_key
+
     lines, last_writer = ["digraph CUDAGraph {"], {}
     for index, step in enumerate(steps):
         lines.append(f'  op{index} [label="{step.func}"];')

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import types
 
-from ..graphs import callables, graph
+from ..graphs import graph
 from .implementation_base import Implementation
 
 
@@ -28,8 +28,7 @@ class CudaGraphs(Implementation):
         graph_class, context = graph.graphs_for(self.backend)
         return types.SimpleNamespace(
             CUDAGraph=graph_class, graph=context, graph_pool_handle=graph.graph_pool_handle,
-            make_graphed_callables=functools.partial(
-                callables.make_graphed_callables, graph_class, context, graph.graph_pool_handle),
+            make_graphed_callables=functools.partial(_graphed_on_recordings, graph_class, context),
             is_current_stream_capturing=graph.is_capturing)
 
     @functools.cached_property
@@ -50,3 +49,11 @@ class CudaGraphs(Implementation):
                                allow_unused_input=False, pool=None):
         return self._graphs.make_graphed_callables(callables, sample_args, num_warmup_iters=num_warmup_iters,
                                                    allow_unused_input=allow_unused_input, pool=pool)
+
+
+def _graphed_on_recordings(graph_class, context, *args, **kwargs):
+    """``make_graphed_callables`` on recorded graphs (imported at the first call: few programs
+    make graphed callables)."""
+    from ..graphs import callables
+
+    return callables.make_graphed_callables(graph_class, context, graph.graph_pool_handle, *args, **kwargs)
