@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 _ABSENT = object()
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)           # a patch is one event: identity, not value
 class Patch:
     owner: Any
     name: str

@@ -16,7 +16,7 @@ from typing import Callable, Dict, Optional
 log = logging.getLogger(__name__)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)           # one registration: identity, not value
 class FastPath:
     function: Callable
     name: str
