@@ -158,7 +158,7 @@ def main():
     print(f"this CPU: {speeds} ({how})")
     choices = cpu_speed.matmul_choices()
     table = {"memory_bound": choices.memory_bound, "compute_bound": choices.compute_bound,
-             "memory_bound_rows": choices.memory_bound_rows, "timings": choices.timings}
+             "memory_bound_rows": choices.memory_bound_rows, "timings": dict(choices.timings)}
     print(f"float16 matmuls: memory-bound (<= {choices.memory_bound_rows} rows) {choices.memory_bound}, "
           f"compute-bound {choices.compute_bound}")
     ops = cpu_speed.op_choices()
