@@ -226,7 +226,7 @@ class PrecisionPolicy:
                              for name, measured in self.float16_ops.items() if name in names)
         widened = self.widened_ops
         kept = [name for name in self.float16_ops if name not in widened]
-        lines = ["other float16 ops (timed on this CPU, float32 with its two conversions; cached):"]
+        lines = ["other float16 ops (timed on this CPU as the matmuls are, float32 with its two conversions):"]
         if kept:
             lines.append(f"  as asked: {timed(kept)}")
         if widened:

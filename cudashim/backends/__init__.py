@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 AUTO = "auto"
 
 # The modules here that serve the backends rather than being one.
-SUPPORT = frozenset({"base", "host", "staged", "cpu_speed"})
+SUPPORT = frozenset({"base", "host", "staged", "cpu_speed", "timing"})
 GENERIC = "accelerator"
 
 

@@ -6,7 +6,9 @@ torch's own kernels convert element by element, tens of times slower than float3
 (Arm, with or without its BF16 and FP16 extensions, which torch does not report) a short
 calibration decides: one small matmul per dtype against float32. It runs once per machine
 and torch version, when a policy first asks (never at import), and is cached where the user's
-caches live (``$XDG_CACHE_HOME/cudashim``, else ``~/.cache/cudashim``).
+caches live (``$CUDASHIM_CACHE_DIR``, else ``$XDG_CACHE_HOME/cudashim``, else
+``~/.cache/cudashim``). An answer timed while other work held the CPU serves its process and is
+not cached (``timing``): the next process times it again.
 
 Where float16 is slow, what explicit float16 matmuls compute in is measured too
 (``matmul_choices``): each shape class timed in float16 as asked, in bfloat16 and in float32
@@ -24,7 +26,6 @@ import json
 import logging
 import os
 import platform
-import time
 from pathlib import Path
 from typing import Dict, Tuple
 
@@ -32,6 +33,7 @@ import torch
 
 from .. import torch_names
 from ..tables.host_profiles import MEASURED, PROFILES
+from .timing import UNSTALLED, Stopwatch
 
 log = logging.getLogger(__name__)
 
@@ -89,20 +91,32 @@ def _cpu_flags() -> str:
         return ""
 
 
+CACHE_DIR = "CUDASHIM_CACHE_DIR"
+
+
 def cache_file(name: str = "cpu-dtype-speed.json") -> Path:
+    if os.environ.get(CACHE_DIR):
+        return Path(os.environ[CACHE_DIR], name)
     root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(root, "cudashim", name)
 
 
-def _cached(path: Path, key: str, measure):
-    """``measure()``'s answer for ``key``, read from ``path`` where a process measured it
-    before, else measured and written there (atomically: no reader sees half a file)."""
+def _cached(path: Path, key: str, measure) -> Tuple[dict, str]:
+    """``measure(stopwatch)``'s answer for ``key`` and where it is kept: read from ``path``
+    where a process measured it before, else measured and written there (atomically: no reader
+    sees half a file), unless other work held the CPU while it was timed."""
     try:
         cached = json.loads(path.read_text()).get(key)
     except (OSError, ValueError):
         cached = None
     if cached is None:
-        cached = measure()
+        stopwatch = Stopwatch()
+        cached = measure(stopwatch)
+        if stopwatch.contended:
+            log.info("cudashim: other work held this CPU while %s was timed (%d calls stalled): the "
+                     "answer serves this process, and the next one times it again", key,
+                     stopwatch.contended_calls)
+            return cached, "not cached: other work held the CPU while it was timed"
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             try:
@@ -115,15 +129,16 @@ def _cached(path: Path, key: str, measure):
             temporary.replace(path)
         except OSError as exc:
             log.debug("cudashim: %s is not cached (%s)", key, exc)
-    return cached
+            return cached, f"not cached: {exc}"
+    return cached, f"cached in {path}"
 
 
 def _calibrated() -> Tuple[Dict[torch.dtype, bool], str]:
-    key = f"{platform.machine()} {platform.processor()} {os.cpu_count()} cpus, torch {torch.__version__}"
-    path = cache_file()
-    cached = _cached(path, key, _measure)
+    key = (f"{platform.machine()} {platform.processor()} {os.cpu_count()} cpus, torch {torch.__version__}, "
+           f"{UNSTALLED}")
+    cached, kept = _cached(cache_file(), key, _measure)
     return ({torch.float16: cached["float16"], torch.bfloat16: cached["bfloat16"]},
-            f"calibrated on this machine (cached in {path})")
+            f"calibrated on this machine ({kept})")
 
 
 # --- explicit float16 matmuls ------------------------------------------------------------
@@ -150,15 +165,14 @@ def matmul_choices(profile: str = MEASURED):
     if profile != MEASURED:
         _, _, choices = PROFILES[profile]
         return MatmulChoices(*choices, f"host profile '{profile}'")
-    # The passes in the key: an answer timed in fewer, which a stall may have decided, is timed
-    # again.
+    # The passes and the stopwatch in the key: an answer timed in fewer passes, or with the turns
+    # other work held up counted, which a stall may have decided, is timed again.
     key = (f"{_cpu_model()} [{_flags_key()}], "
            f"{torch.get_num_threads()} threads, torch {torch.__version__}, {_MATMUL_PASSES} passes, "
-           f"{_CONVERTING_CALL_MS} ms a converting call")
-    path = cache_file("float16-matmuls.json")
-    cached = _cached(path, key, _measure_matmuls)
+           f"{_CONVERTING_CALL_MS} ms a converting call, {UNSTALLED}")
+    cached, kept = _cached(cache_file("float16-matmuls.json"), key, _measure_matmuls)
     return MatmulChoices(cached["memory_bound"], cached["compute_bound"], cached["memory_bound_rows"],
-                         f"measured on this CPU, {torch.get_num_threads()} threads; cached in {path}",
+                         f"measured on this CPU, {torch.get_num_threads()} threads; {kept}",
                          cached["timings"])
 
 
@@ -196,13 +210,13 @@ def _choice_call(rows: int, choice: str):
     return lambda: linear(x.to(dtype), kept).half()
 
 
-def _time_choices(rows: int, choices, passes: int = 1) -> Dict[str, float]:
+def _time_choices(stopwatch: Stopwatch, rows: int, choices, passes: int = 1) -> Dict[str, float]:
     """The best milliseconds of each choice at ``rows`` rows over ``passes`` passes, the choices
     taking turns in each."""
     calls = [_choice_call(rows, choice) for choice in choices]
     best = [float("inf")] * len(calls)
     for _ in range(passes):
-        best = [min(pair) for pair in zip(best, _best_of_turns(*calls))]
+        best = [min(pair) for pair in zip(best, stopwatch.best_of_turns(*calls))]
     return dict(zip(choices, best))
 
 
@@ -231,19 +245,19 @@ def _fastest(times: Dict[str, float]) -> str:
     return next(choice for choice in (FLOAT32, AS_ASKED, BFLOAT16) if times[choice] <= best * _PREFER_WITHIN)
 
 
-def _measure_matmuls() -> dict:
+def _measure_matmuls(stopwatch: Stopwatch) -> dict:
     from ..precision import AS_ASKED, BFLOAT16, FLOAT32
     choices = (AS_ASKED, BFLOAT16, FLOAT32)
     with torch.no_grad():
-        memory = _time_choices(_MEMORY_BOUND_ROWS, choices, _MATMUL_PASSES)
-        compute = _time_choices(_COMPUTE_BOUND_ROWS, choices, _MATMUL_PASSES)
+        memory = _time_choices(stopwatch, _MEMORY_BOUND_ROWS, choices, _MATMUL_PASSES)
+        compute = _time_choices(stopwatch, _COMPUTE_BOUND_ROWS, choices, _MATMUL_PASSES)
         memory_choice, compute_choice = _fastest(memory), _fastest(compute)
         # Where the classes differ, the memory-bound choice holds up to the largest row count
         # (doubling from the decoding batch) at which it still beats the compute-bound one.
         rows = _MEMORY_BOUND_ROWS
         if memory_choice != compute_choice:
             while rows * 2 < _COMPUTE_BOUND_ROWS:
-                times = _in_a_program(_time_choices(rows * 2, (memory_choice, compute_choice)))
+                times = _in_a_program(_time_choices(stopwatch, rows * 2, (memory_choice, compute_choice)))
                 if times[memory_choice] >= times[compute_choice]:
                     break
                 rows *= 2
@@ -266,11 +280,12 @@ def op_choices(profile: str = MEASURED) -> Dict[str, dict]:
         return {}
     from ..tables.float16_ops import OPS
     # The table's ops in the key: an op added later is timed, not missing from an older answer;
-    # and its passes: an answer timed in fewer, which a stall may have decided, is timed again.
+    # and its passes and stopwatch: an answer timed in fewer passes, or with the turns other work
+    # held up counted, which a stall may have decided, is timed again.
     key = (f"{_cpu_model()} [{_flags_key()}], "
            f"{torch.get_num_threads()} threads, torch {torch.__version__}, ops {' '.join(OPS)}, "
-           f"{_OP_PASSES} passes")
-    timed = _cached(cache_file("float16-ops.json"), key, _measure_ops)
+           f"{_OP_PASSES} passes, {UNSTALLED}")
+    timed, _ = _cached(cache_file("float16-ops.json"), key, _measure_ops)
     # Decided from the timings on every read: a margin changed since they were cached holds.
     return {name: {**times, "choice": _op_choice(times)} for name, times in timed.items()}
 
@@ -289,7 +304,7 @@ def _op_choice(times: dict) -> str:
 _OP_PASSES = 2
 
 
-def _measure_ops() -> Dict[str, dict]:
+def _measure_ops(stopwatch: Stopwatch) -> Dict[str, dict]:
     """Each op of the table on its sample, float16 as asked against widened to float32 and
     narrowed back (the conversions counted), the two taking turns, in ``_OP_PASSES`` passes
     over the table. torch's own functions: the precision patches may be installed by now, but
@@ -308,35 +323,16 @@ def _measure_ops() -> Dict[str, dict]:
     with torch.no_grad():
         for _ in range(_OP_PASSES):
             for name, (op, x, rest) in ops.items():
-                timed = _best_of_turns(lambda: op(x, *rest), lambda: op(x.float(), *rest).half())
+                timed = stopwatch.best_of_turns(lambda: op(x, *rest), lambda: op(x.float(), *rest).half())
                 best[name] = [min(pair) for pair in zip(best[name], timed)]
     return {name: {"choice": _op_choice({AS_ASKED: asked, FLOAT32: wide}), AS_ASKED: asked, FLOAT32: wide}
             for name, (asked, wide) in best.items()}
 
 
-def _best_of_turns(*calls, turns: int = 7):
-    """The best milliseconds of each call, the calls taking turns after two warm-up turns: a
-    choice cached for good must not follow a moment's load on the machine."""
-    best = [float("inf")] * len(calls)
-    for turn in range(turns + 2):
-        for index, call in enumerate(calls):
-            start = time.perf_counter()
-            call()
-            if turn >= 2:
-                best[index] = min(best[index], (time.perf_counter() - start) * 1e3)
-    return best
-
-
-def _measure() -> Dict[str, bool]:
+def _measure(stopwatch: Stopwatch) -> Dict[str, bool]:
     """Time one small matmul per dtype; fast is at most ``_FAST_WITHIN`` times float32's time."""
-    def best(dtype):
-        a = torch.randn(_CALIBRATION_SIZE, _CALIBRATION_SIZE).to(dtype)
-        times = []
-        for _ in range(4):
-            start = time.perf_counter()
-            a @ a
-            times.append(time.perf_counter() - start)
-        return min(times[1:])                         # the first call warms the kernel up
-    float32 = best(torch.float32)
-    return {name: best(getattr(torch, name)) <= _FAST_WITHIN * float32
-            for name in ("float16", "bfloat16")}
+    numbers = torch.Generator().manual_seed(0)         # the program's own generator untouched
+    a = torch.randn(_CALIBRATION_SIZE, _CALIBRATION_SIZE, generator=numbers)
+    operands = [a.to(dtype) for dtype in (torch.float32, torch.float16, torch.bfloat16)]
+    float32, float16, bfloat16 = stopwatch.best_of_turns(*(lambda m=m: m @ m for m in operands), turns=3)
+    return {"float16": float16 <= _FAST_WITHIN * float32, "bfloat16": bfloat16 <= _FAST_WITHIN * float32}

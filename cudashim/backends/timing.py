@@ -1,0 +1,93 @@
+"""Timing calls on a CPU that other work may share, for answers that are kept.
+
+The precision policy times a few calls once per CPU and keeps what it chose for good
+(``cpu_speed``). A turn timed while one of the process's threads waited for a CPU measures the
+other work, not the call: on a 2-core AMD EPYC with two busy loops beside it, a 2-row bfloat16
+product took 7.8 ms instead of 0.07, and its threads waited 8.0 ms of it; a table timed during a
+test suite chose float32 where bfloat16 was three times faster, and float16 generation ran at
+half its speed from then on. Taking the best of several turns does not help when every turn is
+held up.
+
+Linux counts, for each thread, the time it was runnable but not running (the second field of
+``/proc/self/task/TID/schedstat``). A turn whose threads waited for more than
+``STALLED_ABOVE`` of its time is stalled and does not count; a measurement in which a call ran
+fewer than ``CLEAN_TURNS_TO_KEEP`` turns unstalled is contended: it serves the process that took
+it, and is not kept. Where the system does not say (another OS, a kernel without scheduler
+statistics), every turn counts, as before.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable, List, Optional
+
+_TASKS = "/proc/self/task"
+# A turn is stalled when its threads waited for a CPU longer than this share of it. Unloaded,
+# a 10 ms product's threads waited 0 to 54 us a turn (a timer tick, a kernel thread).
+STALLED_ABOVE = 0.05
+# Of the turns each call is timed in, at least this many must run unstalled for the measurement
+# to be kept.
+CLEAN_TURNS_TO_KEEP = 3
+WARM_UP_TURNS = 2
+# Named in the keys of the answers kept: one timed before stalled turns were told apart is timed
+# again.
+UNSTALLED = "stalled turns not counted"
+
+
+def waited_ns() -> Optional[int]:
+    """The nanoseconds this process's threads have spent runnable and waiting for a CPU, or None
+    where the system does not say."""
+    try:
+        tasks = os.listdir(_TASKS)
+    except OSError:
+        return None
+    total, found = 0, False
+    for task in tasks:
+        try:
+            with open(f"{_TASKS}/{task}/schedstat", "rb") as stat:
+                total += int(stat.read().split()[1])
+                found = True
+        except (OSError, ValueError, IndexError):       # a thread that ended since the listing
+            continue
+    return total if found else None
+
+
+class Stopwatch:
+    """Times calls in turns and counts the calls that could not be timed on a CPU of their own.
+
+    ``waited`` reads the process's wait for a CPU in nanoseconds (``waited_ns``); a test gives
+    its own."""
+
+    def __init__(self, waited: Optional[Callable[[], Optional[int]]] = None):
+        self._waited = waited or waited_ns
+        self.contended_calls = 0
+
+    @property
+    def contended(self) -> bool:
+        """Whether a call timed so far ran too few turns unstalled: the answer is not to be kept."""
+        return self.contended_calls > 0
+
+    def best_of_turns(self, *calls: Callable[[], object], turns: int = 7) -> List[float]:
+        """The best milliseconds of each call over ``turns`` turns unstalled (over all of them
+        where none was), the calls taking turns after ``WARM_UP_TURNS`` untimed ones."""
+        clean_best = [float("inf")] * len(calls)
+        any_best = [float("inf")] * len(calls)
+        clean_turns = [0] * len(calls)
+        for turn in range(WARM_UP_TURNS + turns):
+            for index, call in enumerate(calls):
+                waited_before = self._waited()
+                start = time.perf_counter()
+                call()
+                elapsed = time.perf_counter() - start
+                waited_after = self._waited()
+                if turn < WARM_UP_TURNS:
+                    continue
+                any_best[index] = min(any_best[index], elapsed)
+                unknown = waited_before is None or waited_after is None
+                if unknown or waited_after - waited_before <= STALLED_ABOVE * elapsed * 1e9:
+                    clean_turns[index] += 1
+                    clean_best[index] = min(clean_best[index], elapsed)
+        self.contended_calls += sum(1 for count in clean_turns if count < min(CLEAN_TURNS_TO_KEEP, turns))
+        return [(clean if count else fallback) * 1e3
+                for clean, fallback, count in zip(clean_best, any_best, clean_turns)]

@@ -1,0 +1,87 @@
+"""Timing for answers that are kept: turns held up by other work on the CPU do not count."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from cudashim.backends import timing
+from cudashim.backends.timing import CLEAN_TURNS_TO_KEEP, WARM_UP_TURNS, Stopwatch
+
+
+class Scheduler:
+    """What the system would say the process waited, turn by turn: a stalled turn's call returns
+    at once (the fastest of all, were it counted) and waits 10 ms for a CPU; an unstalled one
+    sleeps 5 ms and waits for nothing. The stopwatch reads the wait before and after each call."""
+
+    def __init__(self, stalled_turns):
+        self.stalled_turns = set(stalled_turns)
+        self.turn, self.total, self.after = 0, 0, False
+
+    def waited(self):
+        if self.after:                                # the read after a call ends its turn
+            self.total += 10_000_000 if self.turn in self.stalled_turns else 0
+            self.turn += 1
+        self.after = not self.after
+        return self.total
+
+    def call(self):
+        if self.turn not in self.stalled_turns:
+            time.sleep(0.005)
+
+
+def timed(scheduler, turns=7):
+    stopwatch = Stopwatch(scheduler.waited)
+    return stopwatch, stopwatch.best_of_turns(scheduler.call, turns=turns)
+
+
+def test_turns_whose_threads_waited_for_a_cpu_do_not_count():
+    """The best time is the best of the unstalled turns: the stalled ones, though they took no
+    time here, are not the call's speed."""
+    stalled = {WARM_UP_TURNS, WARM_UP_TURNS + 2, WARM_UP_TURNS + 5}
+    stopwatch, (best,) = timed(Scheduler(stalled))
+    assert best >= 5.0
+    assert not stopwatch.contended               # four of seven turns ran unstalled
+
+
+def test_a_call_with_too_few_unstalled_turns_makes_the_measurement_contended():
+    turns = 7
+    clean = CLEAN_TURNS_TO_KEEP - 1
+    stalled = set(range(WARM_UP_TURNS + clean, WARM_UP_TURNS + turns))
+    stopwatch, (best,) = timed(Scheduler(stalled), turns)
+    assert best >= 5.0 and stopwatch.contended and stopwatch.contended_calls == 1
+    every_turn = set(range(WARM_UP_TURNS + turns))
+    stopwatch, (best,) = timed(Scheduler(every_turn), turns)
+    assert best < 5.0 and stopwatch.contended    # nothing unstalled: the best of what there is
+
+
+def test_where_the_system_does_not_say_every_turn_counts():
+    stopwatch = Stopwatch(lambda: None)
+    best = stopwatch.best_of_turns(lambda: None, lambda: time.sleep(0.001))
+    assert best[1] >= 1.0 > best[0] and not stopwatch.contended
+
+
+def _schedstat_available():
+    return timing.waited_ns() is not None and hasattr(os, "sched_setaffinity")
+
+
+@pytest.mark.skipif(not _schedstat_available(), reason="the system does not count threads' wait for a CPU")
+def test_a_call_timed_beside_a_busy_process_on_its_cpu_is_contended():
+    """The real count: this process and a busy loop held to one CPU take turns on it, so every
+    timed turn of a 20 ms computation waits for the loop's time slices."""
+    cpu = min(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cpu})                     # this forked test process only
+    busy = subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"])
+    try:
+        waited = timing.waited_ns()
+        deadline = time.monotonic() + 30
+        while timing.waited_ns() - waited < 50_000_000 and time.monotonic() < deadline:
+            sum(range(100_000))                        # until the loop is seen taking the CPU
+        stopwatch = Stopwatch()
+        stopwatch.best_of_turns(lambda: sum(range(500_000)))
+    finally:
+        busy.kill()
+        busy.wait()
+    assert stopwatch.contended
