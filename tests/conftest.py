@@ -15,8 +15,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PARENT_PID = os.getpid()
 pytest_plugins = ("suite_run",)        # how the suite runs: options, order, builds, heartbeat
 # The cudashim variables a test run hands on to the interpreters it starts (suite_run sets them
-# from --pure-python and --host-profile).
-PASSED_ON = ("CUDASHIM_PURE_PYTHON", "CUDASHIM_HOST_PROFILE")
+# from --pure-python and --host-profile, and where the measurements of this CPU are kept).
+PASSED_ON = ("CUDASHIM_PURE_PYTHON", "CUDASHIM_HOST_PROFILE", "CUDASHIM_CACHE_DIR")
 # On a machine with a GPU the parent must not start CUDA: a forked test cannot use a CUDA the
 # parent started ("Cannot re-initialize CUDA in forked subprocess"). A skipif's
 # torch.cuda.is_available(), read at collection in the parent, asks NVML instead where torch's

@@ -11,6 +11,8 @@ test fails.
   keyed by what they are built from (torch, Python, machine; DeepSpeed's version and the place
   of its environment); inductor's compiled code between environments and runs (keyed by torch,
   Python, machine and torch's kernels).
+- What the precision policy measures on this CPU is kept there too (``CUDASHIM_CACHE_DIR``),
+  never in the user's own cache.
 - Every test process, and every program a test starts, computes on one intra-op thread
   (``OMP_NUM_THREADS=1`` unless set): the two workers keep the cores busy already.
 """
@@ -28,6 +30,7 @@ import pytest
 
 PURE_PYTHON = "CUDASHIM_PURE_PYTHON"
 HOST_PROFILE = "CUDASHIM_HOST_PROFILE"
+MEASUREMENTS = "CUDASHIM_CACHE_DIR"
 # A lock torch's extension builder left this long ago belongs to a build that was killed: the
 # builds here take minutes, and torch waits on a lock file for ever.
 STALE_BUILD_LOCK = 20 * 60
@@ -62,6 +65,9 @@ def pytest_configure(config):
         # read under ATEN_CPU_CAPABILITY=default fails to compile. A folder for each.
         kernels = os.environ.get("ATEN_CPU_CAPABILITY") or "native"
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(builds / f"inductor-{kernels}"))
+        # What the precision policy times on this CPU is kept where the suite keeps its builds,
+        # not among the user's caches: the suite's load is not the user's machine.
+        os.environ.setdefault(MEASUREMENTS, str(builds / f"measurements-{kernels}"))
         # One intra-op thread in every test process and the programs they start, as torchrun
         # gives each rank: the workers already keep every core busy, and a program's OpenMP
         # threads then spin for cores they do not get (a quarter of the suite's CPU time, in
