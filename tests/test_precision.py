@@ -146,6 +146,30 @@ def test_a_table_timed_while_other_work_held_the_cpu_serves_its_process_and_is_n
     assert cpu_speed.matmul_choices().memory_bound == choices.memory_bound and len(measured) == 3
 
 
+def test_a_table_is_timed_again_for_other_kernels_of_torchs(monkeypatch, tmp_path):
+    """The same CPU with torch's kernels pinned narrower (ATEN_CPU_CAPABILITY=avx2 where AVX-512
+    is there) computes float16 at another speed: the table kept for one is not read for the other."""
+    from cudashim.backends import cpu_speed
+    from cudashim.precision import AS_ASKED, BFLOAT16
+    monkeypatch.setenv("CUDASHIM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cpu_speed, "speeds", lambda profile: (FAST_BF16, "test"))
+    tables = {"AVX512": (AS_ASKED, BFLOAT16), "AVX2": (AS_ASKED, AS_ASKED)}
+    kernels = ["AVX512"]
+    monkeypatch.setattr(cpu_speed, "_kernels", lambda: kernels[0])
+
+    def measured(stopwatch):
+        memory_bound, compute_bound = tables[kernels[0]]
+        return {"memory_bound": memory_bound, "compute_bound": compute_bound, "memory_bound_rows": 2,
+                "timings": {}}
+    monkeypatch.setattr(cpu_speed, "_measure_matmuls", measured)
+    read = []
+    for kernels[0] in ("AVX512", "AVX2", "AVX512"):        # the last one read from the cache
+        cpu_speed.matmul_choices.cache_clear()
+        read.append(cpu_speed.matmul_choices().compute_bound)
+    assert read == [BFLOAT16, AS_ASKED, BFLOAT16]
+    assert len(json.loads((tmp_path / "float16-matmuls.json").read_text())) == 2
+
+
 @pytest.fixture
 def cpu_of_its_own(monkeypatch):
     """The measurements see a CPU no other work shares (the suite's other worker may be busy on

@@ -42,9 +42,15 @@ _CALIBRATION_SIZE = 192
 _FAST_WITHIN = 1.25          # a dtype at most this much slower than float32 is fast
 
 
+def _kernels() -> str:
+    """The instruction set torch's CPU kernels run (``ATEN_CPU_CAPABILITY`` may pin a narrower
+    one than the CPU has)."""
+    return torch.backends.cpu.get_cpu_capability() if hasattr(torch.backends, "cpu") else "unknown"
+
+
 def describe_profile(profile: str) -> str:
     """One line for ``cudashim doctor``: the host profile and torch's kernels in effect."""
-    capability = torch.backends.cpu.get_cpu_capability() if hasattr(torch.backends, "cpu") else "unknown"
+    capability = _kernels()
     pinned = os.environ.get("ATEN_CPU_CAPABILITY")
     kernels = f"torch's kernels: {capability}" + (f" (ATEN_CPU_CAPABILITY={pinned})" if pinned else "")
     if profile == MEASURED:
@@ -165,9 +171,10 @@ def matmul_choices(profile: str = MEASURED):
     if profile != MEASURED:
         _, _, choices = PROFILES[profile]
         return MatmulChoices(*choices, f"host profile '{profile}'")
-    # The passes and the stopwatch in the key: an answer timed in fewer passes, or with the turns
-    # other work held up counted, which a stall may have decided, is timed again.
-    key = (f"{_cpu_model()} [{_flags_key()}], "
+    # torch's kernels in the key (the same CPU under ATEN_CPU_CAPABILITY=avx2 computes float16
+    # at AVX2's speed); the passes and the stopwatch: an answer timed in fewer passes, or with
+    # the turns other work held up counted, which a stall may have decided, is timed again.
+    key = (f"{_cpu_model()} [{_flags_key()}], {_kernels()} kernels, "
            f"{torch.get_num_threads()} threads, torch {torch.__version__}, {_MATMUL_PASSES} passes, "
            f"{_CONVERTING_CALL_MS} ms a converting call, {UNSTALLED}")
     cached, kept = _cached(cache_file("float16-matmuls.json"), key, _measure_matmuls)
@@ -281,8 +288,8 @@ def op_choices(profile: str = MEASURED) -> Dict[str, dict]:
     from ..tables.float16_ops import OPS
     # The table's ops in the key: an op added later is timed, not missing from an older answer;
     # and its passes and stopwatch: an answer timed in fewer passes, or with the turns other work
-    # held up counted, which a stall may have decided, is timed again.
-    key = (f"{_cpu_model()} [{_flags_key()}], "
+    # held up counted, which a stall may have decided, is timed again; and torch's kernels.
+    key = (f"{_cpu_model()} [{_flags_key()}], {_kernels()} kernels, "
            f"{torch.get_num_threads()} threads, torch {torch.__version__}, ops {' '.join(OPS)}, "
            f"{_OP_PASSES} passes, {UNSTALLED}")
     timed, _ = _cached(cache_file("float16-ops.json"), key, _measure_ops)
