@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, python
+from suite_run import MEASUREMENTS
 
 DOCS = ("README.md", "CONTRIBUTING.md")
 FIXTURES = ROOT / "tests" / "docs"
@@ -96,8 +97,10 @@ def matches(expected_lines, output):
 
 
 def _environment(bin_dir, variables):
+    """The user's environment without cudashim's settings, but for where the suite keeps what
+    the precision policy measures: a doctor block would time it into the user's own cache."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("CUDASHIM_", "PYTHON", "PYTEST", "COV_"))}
+           if not k.startswith(("CUDASHIM_", "PYTHON", "PYTEST", "COV_")) or k == MEASUREMENTS}
     env.update(PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", PYTHONUNBUFFERED="1", **variables)
     return env
 
@@ -185,3 +188,13 @@ def test_the_matcher_takes_numbers_to_their_tolerance_and_nothing_else():
     assert not matches(["epoch 0: loss 0.196"], "epoch 1: loss 0.196\n")  # whole numbers are text
     assert not matches(["cudashim-0.1.0.tar.gz"], "cudashim-0.1.1.tar.gz\n")   # versions are text
     assert not matches(["1.5x"], "1.5y\n")
+
+
+def test_the_docs_commands_run_without_cudashims_settings_but_keep_the_suites_measurements(monkeypatch, tmp_path):
+    """A block runs as a user types it: no CUDASHIM_* setting of the suite's reaches it, but
+    what it measures of this CPU (cudashim doctor times the float16 tables) goes where the suite
+    keeps it, never into the user's ~/.cache/cudashim."""
+    monkeypatch.setenv(MEASUREMENTS, str(tmp_path))
+    monkeypatch.setenv("CUDASHIM_HOST_PROFILE", "slow")
+    env = _environment(tmp_path / "bin", {})
+    assert env[MEASUREMENTS] == str(tmp_path) and "CUDASHIM_HOST_PROFILE" not in env
