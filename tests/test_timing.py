@@ -79,9 +79,12 @@ def test_a_call_timed_beside_a_busy_process_on_its_cpu_is_contended():
         deadline = time.monotonic() + 30
         while timing.waited_ns() - waited < 50_000_000 and time.monotonic() < deadline:
             sum(range(100_000))                        # until the loop is seen taking the CPU
+        counted = timing.waited_ns() - waited >= 50_000_000
         stopwatch = Stopwatch()
         stopwatch.best_of_turns(lambda: sum(range(500_000)))
     finally:
         busy.kill()
         busy.wait()
+    if not counted:                    # a kernel that shows the files but keeps them at zero
+        pytest.skip("this kernel's schedstat did not count 30 s of sharing a CPU")
     assert stopwatch.contended
