@@ -20,7 +20,7 @@ THREAD_ARGS = [] if sys.platform == "win32" else ["-pthread"]
 setup(packages=find_packages(include=["cudashim", "cudashim.*"]) + ["cudashim._sitecustomize"], ext_modules=[
     Extension("cudashim._speedups",
               ["cudashim/_speedups.c", "cudashim/_speedups_callers.c", "cudashim/_speedups_devices.c",
-               "cudashim/_speedups_gaps.c", "cudashim/_speedups_precision.c",
+               "cudashim/_speedups_gaps.c", "cudashim/_speedups_precision.c", "cudashim/_speedups_at_once.c",
                "cudashim/_speedups_memory.c", "cudashim/_speedups_residency.c",
                "cudashim/_speedups_reductions.c"],
               depends=["cudashim/_speedups.h"], extra_compile_args=COMPILE_ARGS, optional=True),

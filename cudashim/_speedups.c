@@ -14,6 +14,7 @@
  *   NamedDevice     torch.device("cuda") through the class stand-in's __call__
  *   DtypeGate       a function with a filled kernel gap, called outside the gap
  *   HalfGate        a matmul under the float16 policy, called outside float16
+ *   AtOnce          a float16 call of inference computed in the policy's dtype in one frame
  *   DeviceMemory    the storages a program put on the device, where that is host memory
  *   Stay            a move to where a move placed the tensor already: the tensor itself
  *   LengthGate      a norm or dot blocked past a length, called shorter
@@ -21,10 +22,11 @@
  * and one function, not a wrapper: holding(), the search for references to a displaced
  * CUDA-only library at activation (cudashim/substitutes/finder.py).
  *
- * The types live in seven files: _speedups_callers.c (who asks: CallerCache, TruthSwitch,
+ * The types live in eight files: _speedups_callers.c (who asks: CallerCache, TruthSwitch,
  * IsCuda), _speedups_devices.c (device arguments: Rewriter, DefaultDevice, NamedDevice),
- * _speedups_gaps.c (DtypeGate), _speedups_precision.c (HalfGate), _speedups_memory.c
- * (DeviceMemory), _speedups_residency.c (Stay) and _speedups_reductions.c (LengthGate).
+ * _speedups_gaps.c (DtypeGate), _speedups_precision.c (HalfGate), _speedups_at_once.c
+ * (AtOnce), _speedups_memory.c (DeviceMemory), _speedups_residency.c (Stay) and
+ * _speedups_reductions.c (LengthGate).
  * This one holds what they share and the module.
  */
 
@@ -186,7 +188,8 @@ PyMODINIT_FUNC PyInit__speedups(void)
 {
     PyTypeObject *types[] = {&CallerCacheType, &RewriterType, &TruthSwitchType, &IsCudaType,
                              &DefaultDeviceType, &NamedDeviceType, &DtypeGateType, &HalfGateType,
-                             &DeviceMemoryType, &StayType, &SideDeviceType, &LengthGateType};
+                             &AtOnceType, &DeviceMemoryType, &StayType, &SideDeviceType,
+                             &LengthGateType};
     size_t count = sizeof(types) / sizeof(types[0]), i;
     PyObject *module;
     if (!matches_the_table(types, count) || !device_memory_init_names() || !residency_init_names())

@@ -22,6 +22,8 @@ extern PyTypeObject RewriterType, DefaultDeviceType, NamedDeviceType;
 extern PyTypeObject DtypeGateType;
 /* _speedups_precision.c: the float16 policy's matmul family */
 extern PyTypeObject HalfGateType;
+/* _speedups_at_once.c: the float16 policy's call of inference in one frame */
+extern PyTypeObject AtOnceType;
 /* _speedups_reductions.c: norms and dots blocked past a length */
 extern PyTypeObject LengthGateType;
 

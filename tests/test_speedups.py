@@ -725,3 +725,85 @@ def test_a_build_made_for_another_table_of_twins_does_not_load_and_python_runs(t
     built, line, works = result.stdout.strip().splitlines()
     assert built == "False" and works == "True"
     assert "built with NamedDevice, which the table of twins does not name" in line, line
+
+
+def _at_once_calls():
+    """(what, function, operands, keywords): the calls the float16 policy's one-frame path is
+    handed in inference, and the ones it must hand on."""
+    import torch.nn.functional as F
+    torch.manual_seed(7)
+    x, wide_x = torch.randn(4, 16).half(), torch.randn(4, 32).half()
+    weight = torch.nn.Parameter(torch.randn(8, 16).half(), requires_grad=False)
+    bias = torch.nn.Parameter(torch.randn(8).half(), requires_grad=False)
+    unkept = torch.nn.Parameter(torch.randn(8, 16).half(), requires_grad=False)
+    fused = torch.randn(2, 4, 3 * 16).half()
+    q, k, v = (t.view(2, 4, 2, 8).transpose(1, 2) for t in fused.split(16, dim=2))
+    stacked = torch.randn(3, 4, 16).half()
+
+    def refused(*tensors):
+        raise ValueError("refused")
+    return [
+        ("a layer's projection", F.linear, (x, weight, bias), {}),
+        ("again, from the kept buffer", F.linear, (x, weight, bias), {}),
+        ("another size", F.linear, (wide_x[:, :16].contiguous(), weight), {}),
+        ("a view of one tensor", F.linear, (wide_x.view(4, 2, 16)[:, 0], weight), {}),
+        ("an operand laid out otherwise", torch.mm, (x, weight.t()), {}),
+        ("plain operands only", torch.mm, (x, x.t().contiguous()), {}),
+        ("a parameter with no kept copy", F.linear, (x, unkept), {}),
+        ("a tensor among the keywords", F.linear, (x,), {"weight": weight}),
+        ("other keywords", torch.matmul, (x, x.t().contiguous()), {}),
+        ("views split off one projection", F.scaled_dot_product_attention, (q, k, v), {"is_causal": True}),
+        ("row-major views making up one tensor", torch.addcmul, stacked.unbind(0), {}),
+        ("a result that is its operand's view", lambda t: t.view(-1), (x,), {}),
+        ("a result that is a tuple", lambda a, b: (a @ b, a + 1), (x, x.t().contiguous()), {}),
+        ("an error", refused, (x, weight), {}),
+    ], (weight, bias)
+
+
+def _at_once_outcomes(at_once, dtype, portable=False):
+    import contextlib
+
+    from cudashim.patches.precision import _SCRATCH, WideningCache
+    calls, kept = _at_once_calls()
+    cache = WideningCache()
+    for parameter in kept:
+        cache.widen(parameter, dtype)
+    _SCRATCH.clear()
+    found = {}
+    with torch.no_grad(), native.portable_only() if portable else contextlib.nullcontext():
+        for what, function, operands, keywords in calls:
+            before = [t.clone() for t in operands]
+            try:
+                result = at_once(function, dtype, cache, operands, keywords)
+            except ValueError as error:
+                result = error
+            results = result if isinstance(result, tuple) else (result,)
+            found[what] = (
+                [(r.dtype, r.shape, r.stride(), r._base is None, r.tolist()) if isinstance(r, torch.Tensor)
+                 else repr(r) for r in results],
+                {nbytes: len(buffers) for nbytes, buffers in _SCRATCH.free.items()},
+                _SCRATCH.held, len(_SCRATCH.lent), all(torch.equal(a, b) for a, b in zip(before, operands)))
+    return found
+
+
+@needs_compiled
+@pytest.mark.parametrize("dtype, portable", [(torch.bfloat16, False), (torch.bfloat16, True),
+                                             (torch.float32, False)])
+def test_the_compiled_one_frame_path_and_its_twin_agree_on_every_call(dtype, portable):
+    """The float16 policy's call of inference in one frame (``_at_once``), compiled and in
+    Python, on the same calls: the same results (values, layout, memory of their own), the same
+    buffers kept after each call, the operands untouched; the calls it hands on handed on."""
+    from cudashim import _speedups
+    from cudashim.patches.precision import _at_once, _at_once_for
+    compiled = _at_once_for(_speedups)
+    assert type(compiled).__name__ == "AtOnce" and compiled.python_twin is _at_once
+    ours, twins = _at_once_outcomes(compiled, dtype, portable), _at_once_outcomes(_at_once, dtype, portable)
+    assert ours == twins
+    # and the outcomes differ where they should: some calls are computed, some handed on
+    results = {what: outcome[0] for what, outcome in ours.items()}
+    assert results["a layer's projection"][0][0] is torch.float16
+    assert results["a layer's projection"] == results["again, from the kept buffer"]
+    assert results["a parameter with no kept copy"] == results["a tensor among the keywords"] == ["NotImplemented"]
+    assert results["an error"] == ["ValueError('refused')"]
+    assert ours["an error"][2] > 0 and ours["an error"][3] == 0      # lent, then given back
+    assert all(outcome[4] for outcome in ours.values())

@@ -138,18 +138,19 @@ def install(activation):
         stepped = register_optimizer_step_post_hook(lambda *_: cache.optimizer_stepped())
         activation.registry.add_undo("kept copies dropped at optimizer steps", stepped.remove)
         _drop_copies_at_data_reads(activation, cache)
+        at_once = _at_once_for(activation.compiled)
         for owner, name, first in _functions():
             api = f"{getattr(owner, '__name__', owner)}.{name}"
             activation.replace(owner, name, functools.partial(
                 by_policy, api, first, activation.backend.device_type, cache,
                 activation.count, policy.float32_regions, policy, _ROWS.get(name),
                 activation.compiled, in_place=owner is torch.Tensor and name in _IN_PLACE,
-                float32_only=name in _FLOAT32_ONLY))
+                float32_only=name in _FLOAT32_ONLY, at_once=at_once))
         for name in policy.widened_ops:
             for owner, attribute, api in float16_ops.places(name):
                 activation.replace(owner, attribute, functools.partial(
                     by_measurement, api, activation.backend.device_type, cache, activation.count,
-                    activation.compiled))
+                    activation.compiled, at_once=at_once))
     if policy.float32_matmul_precision is not None:
         _map_tf32(activation, policy.float32_matmul_precision)
 
@@ -301,11 +302,13 @@ def _quarter_of_memory() -> int:
 
 
 def by_policy(api, first, device_type, cache, count, regions, policy, rows_of, compiled, original,
-              *, in_place=False, float32_only=False):
+              *, in_place=False, float32_only=False, at_once=None):
     """``original`` computing float16 inputs as the policy chooses; its compiled gate where
     the fast path runs (``_speedups_precision.c``), which behaves as the Python wrapper.
     ``in_place``: ``original`` is a Tensor method writing into the tensor it is called on;
-    ``float32_only``: a bfloat16 choice computes it in float32."""
+    ``float32_only``: a bfloat16 choice computes it in float32; ``at_once``: ``_at_once`` or
+    its compiled twin (``_at_once_for``)."""
+    at_once = _at_once if at_once is None else at_once
     def reconciled(*args, **kwargs):
         """In a CUDA region run in float32: float16 and bfloat16 operands in float32, as
         autocast would have cast them to its dtype; elsewhere torch's judgement stands (and
@@ -348,7 +351,7 @@ def by_policy(api, first, device_type, cache, count, regions, policy, rows_of, c
             return _written_to_out(original, dtype, cache, args, kwargs, count, reported, choice)
         count(reported, _BECAME[choice])
         if not _recording(tensors):
-            result = _at_once(original, dtype, cache, args, kwargs)
+            result = at_once(original, dtype, cache, args, kwargs)
             if result is not NotImplemented:
                 return result
         return _computed_and_rounded(original, dtype, cache, args, kwargs, tensors)
@@ -435,6 +438,19 @@ def _at_once(original, dtype, cache, args, kwargs):
     return _to_half(result, _operand_storages(wide) if reduced else None)
 
 
+def _at_once_for(compiled):
+    """``_at_once``, or its compiled twin where the fast path runs (``_speedups_at_once.c``),
+    which takes the calls of one tensor and kept weights (a layer's projection) whole and
+    hands the twin the rest. torch.compile traces the twin."""
+    if compiled is None:
+        return _at_once
+    convert = native._native.convert_reduced if native._native is not None else None
+    twin = compiled.AtOnce(_at_once, _SCRATCH, native.usable, convert, torch.get_num_threads,
+                           native._CONVERSION_ELEMENTS_PER_THREAD, _to_half, torch.nn.Parameter,
+                           torch.Tensor, HALF, torch.bfloat16, torch.strided)
+    return compiled_twin(twin, _at_once)
+
+
 # What a float16 call computed by a choice became, for the report.
 _BECAME = {choice: f"float16 computed in {choice}" for choice in (BFLOAT16, FLOAT32)}
 
@@ -479,11 +495,12 @@ class _NoRegion:
     depth = 0
 
 
-def by_measurement(api, device_type, cache, count, compiled, original):
+def by_measurement(api, device_type, cache, count, compiled, original, *, at_once=None):
     """``original``, an op outside the matmul family that this host computes faster in float32
     than in float16 (measured: ``tables/float16_ops.py``), on float16 inputs widened to float32
     and its result rounded to float16 once. A call asking for an output dtype, inside an
     autocast region, or with other dtypes among its inputs goes to torch as it is."""
+    at_once = _at_once if at_once is None else at_once
     def widened(*args, **kwargs):
         tensors = _floating((*args, *kwargs.values()) if kwargs else args)
         if torch.is_autocast_enabled(device_type) or kwargs.get("dtype") is not None \
@@ -494,7 +511,7 @@ def by_measurement(api, device_type, cache, count, compiled, original):
                                    "float32 (measured faster here)")
         count(api, "float16 computed in float32 (measured faster here)")
         if not _recording(tensors):
-            result = _at_once(original, torch.float32, cache, args, kwargs)
+            result = at_once(original, torch.float32, cache, args, kwargs)
             if result is not NotImplemented:
                 return result
         return _computed_and_rounded(original, torch.float32, cache, args, kwargs, tensors)
@@ -675,7 +692,8 @@ class ConversionScratch(threading.local):
         result holds."""
         if len(self.lent) == lent:
             return
-        borrowed, self.lent = self.lent[lent:], self.lent[:lent]
+        borrowed = self.lent[lent:]
+        del self.lent[lent:]
         held = _operand_storages(result if isinstance(result, tuple) else (result,))
         for buffer in borrowed:
             if held is not None and buffer.untyped_storage().data_ptr() not in held:
@@ -683,8 +701,13 @@ class ConversionScratch(threading.local):
 
     def _keep(self, buffer):
         nbytes = buffer.untyped_storage().nbytes()
-        self.free[nbytes] = [*self.free.pop(nbytes, ()), buffer]     # the most recent size last
+        kept = self.free.pop(nbytes, [])
+        kept.append(buffer)
+        self.free[nbytes] = kept                                      # the most recent size last
         self.held += nbytes
+        self._within_budget()
+
+    def _within_budget(self):
         while self.held > self.budget:
             oldest = next(iter(self.free))
             self.held -= oldest

@@ -21,6 +21,8 @@ TWINS: Dict[str, Tuple[str, str]] = {          # type -> (its Python twin, what 
     "DtypeGate": ("cudashim.kernels.gap_fill:filled", "a function with a filled kernel gap"),
     "HalfGate": ("cudashim.patches.precision:by_policy",
                  "a matmul under the float16 policy (and an op widened by measurement: by_measurement)"),
+    "AtOnce": ("cudashim.patches.precision:_at_once",
+               "a float16 call of inference computed in the policy's dtype in one frame"),
     "DeviceMemory": ("cudashim.device_memory:DeviceMemory",
                      "the storages a program put on the device, where that is host memory"),
     "Stay": ("cudashim.patches.residency:install",
