@@ -10,10 +10,11 @@
  * alone, and several times that inside a model, whose products have just taken the caches:
  * more than the conversions they wrap. This twin reads the same kept copies and the same
  * buffers (the Python ConversionScratch's own dict and lists), converts through the same
- * compiled kernel, and calls the Python twin for every call it does not take whole: operands
- * among the keywords, a parameter without a valid kept copy, several views of one tensor
- * (converted together there), an operand that is not row-major, a buffer that must be laid
- * out anew, a result that is not one row-major tensor. Its answers are the twin's, and so is
+ * compiled kernel, converts q, k and v split off one projection as the projection, once, and
+ * calls the Python twin for every call it does not take whole: operands among the keywords, a
+ * parameter without a valid kept copy, views of one tensor that do not make it up, an operand
+ * converted alone that is not row-major, a buffer that must be laid out anew, a result that
+ * is not one row-major tensor. Its answers are the twin's, and so is
  * what the buffers hold after it.
  */
 
@@ -36,7 +37,7 @@ typedef struct {
 static PyObject *s_copies, *s_version, *s_untyped_storage, *s_data_ptr, *s_is_cpu, *s_is_nested,
     *s_layout, *s_base, *s_is_contiguous, *s_numel, *s_size, *s_stride, *s_dtype, *s_copy_,
     *s_float, *s_view, *s_nbytes, *s_free, *s_lent, *s_held, *s_budget, *s_borrowed,
-    *s_given_back, *s_within_budget, *s_itemsize;
+    *s_given_back, *s_within_budget, *s_itemsize, *s_storage_offset, *s_as_strided;
 
 static int init_names(void)
 {
@@ -49,6 +50,7 @@ static int init_names(void)
         {&s_free, "free"}, {&s_lent, "lent"}, {&s_held, "held"}, {&s_budget, "budget"},
         {&s_borrowed, "_borrowed"}, {&s_given_back, "given_back"},
         {&s_within_budget, "_within_budget"}, {&s_itemsize, "itemsize"},
+        {&s_storage_offset, "storage_offset"}, {&s_as_strided, "as_strided"},
     };
     size_t i;
     for (i = 0; i < sizeof(names) / sizeof(names[0]); i++)
@@ -153,11 +155,12 @@ static PyObject *kept_copy(PyObject *copies, PyObject *parameter, PyObject *dtyp
     return PyTuple_GET_ITEM(kept, 3);
 }
 
-/* Whether a plain operand can be taken here: a row-major host tensor (1), or not (0, -1 on
- * error). Counts the views among them in ``views``. */
-static int takes_operand(AtOnceObject *self, PyObject *value, int *views)
+/* Whether a plain operand can be taken here: a strided host tensor, row-major (1) or not (2);
+ * or not taken (0), -1 on error. ``*base``: a new reference to the tensor it is a view of, or
+ * NULL where it is none. */
+static int takes_operand(AtOnceObject *self, PyObject *value, PyObject **base)
 {
-    PyObject *layout, *base;
+    PyObject *layout;
     int truth;
     if ((truth = attribute_true(value, s_is_cpu)) <= 0)
         return truth;
@@ -168,11 +171,79 @@ static int takes_operand(AtOnceObject *self, PyObject *value, int *views)
     Py_DECREF(layout);
     if (layout != self->strided)
         return 0;
-    if ((base = PyObject_GetAttr(value, s_base)) == NULL)
+    if ((*base = PyObject_GetAttr(value, s_base)) == NULL)
         return -1;
-    *views += base != Py_None;
-    Py_DECREF(base);
-    return method_true(value, s_is_contiguous);
+    if (*base == Py_None)
+        Py_CLEAR(*base);
+    if ((truth = method_true(value, s_is_contiguous)) < 0)
+        return -1;
+    return truth ? 1 : 2;
+}
+
+/* A tensor method's answer as a C integer (numel, storage_offset); -1 with an error set on
+ * error. */
+static Py_ssize_t size_of(PyObject *tensor, PyObject *name)
+{
+    return (Py_ssize_t)integer_of(tensor, name);
+}
+
+/* Whether the views ``wide[i]`` (where ``bases[i]`` is ``base``) are, together, the whole of
+ * ``base``, as the twin's _converted_together asks: ``base`` a row-major float16 tensor, every
+ * view float16, its elements within ``base``'s, and as many elements in all as it has. 1, 0, or
+ * -1 on error. */
+static int views_make_up(AtOnceObject *self, PyObject *base, PyObject *const *wide,
+                         PyObject *const *bases, Py_ssize_t n, Py_ssize_t *start)
+{
+    PyObject *dtype, *sizes = NULL, *strides = NULL;
+    Py_ssize_t numel, total = 0, i, d, offset, last;
+    int truth;
+    if ((dtype = PyObject_GetAttr(base, s_dtype)) == NULL)
+        return -1;
+    Py_DECREF(dtype);
+    if (dtype != self->half)
+        return 0;
+    if ((truth = method_true(base, s_is_contiguous)) <= 0)
+        return truth;
+    if ((numel = size_of(base, s_numel)) < 0 || (*start = size_of(base, s_storage_offset)) < 0)
+        return -1;
+    for (i = 0; i < n; i++) {
+        if (bases[i] == NULL)
+            continue;
+        if (bases[i] != base)
+            return 0;
+        if ((dtype = PyObject_GetAttr(wide[i], s_dtype)) == NULL)
+            return -1;
+        Py_DECREF(dtype);
+        if (dtype != self->half)
+            return 0;
+        if ((offset = size_of(wide[i], s_storage_offset)) < 0)
+            return -1;
+        if ((sizes = called(wide[i], s_size)) == NULL || (strides = called(wide[i], s_stride)) == NULL
+                || !PyTuple_Check(sizes) || !PyTuple_Check(strides)
+                || PyTuple_GET_SIZE(sizes) != PyTuple_GET_SIZE(strides))
+            goto failed;
+        last = offset;
+        for (d = 0; d < PyTuple_GET_SIZE(sizes); d++) {
+            Py_ssize_t size = PyLong_AsSsize_t(PyTuple_GET_ITEM(sizes, d));
+            Py_ssize_t stride = PyLong_AsSsize_t(PyTuple_GET_ITEM(strides, d));
+            if (PyErr_Occurred())
+                goto failed;
+            if (size)
+                last += (size - 1) * stride;
+        }
+        Py_CLEAR(sizes);
+        Py_CLEAR(strides);
+        if (!(*start <= offset && offset <= last && last < *start + numel))
+            return 0;
+        if ((offset = size_of(wide[i], s_numel)) < 0)
+            return -1;
+        total += offset;
+    }
+    return total == numel;
+failed:
+    Py_XDECREF(sizes);
+    Py_XDECREF(strides);
+    return PyErr_Occurred() ? -1 : 0;
 }
 
 /* A kept buffer for ``value`` in ``dtype``, lent to the call (appended to ``lent``): the one
@@ -459,15 +530,36 @@ failed:
     return NULL;
 }
 
-/* Every reference ``wide`` holds dropped, and the arrays freed. */
-static void released(PyObject **wide, char *plain, Py_ssize_t n)
+/* Every reference ``wide`` and ``bases`` hold dropped, and the arrays freed. */
+static void released(PyObject **wide, PyObject **bases, char *plain, Py_ssize_t n)
 {
     Py_ssize_t i;
-    if (wide != NULL)
-        for (i = 0; i < n; i++)
+    for (i = 0; i < n; i++) {
+        if (wide != NULL)
             Py_XDECREF(wide[i]);
+        if (bases != NULL)
+            Py_XDECREF(bases[i]);
+    }
     PyMem_Free(wide);
+    PyMem_Free(bases);
     PyMem_Free(plain);
+}
+
+/* The view ``view`` of a tensor starting at ``start`` in its storage, laid the same way over
+ * ``whole`` (that tensor converted): a new reference. */
+static PyObject *same_view_of(PyObject *whole, PyObject *view, Py_ssize_t start)
+{
+    PyObject *sizes = NULL, *strides = NULL, *offset = NULL, *laid = NULL;
+    Py_ssize_t at;
+    if ((at = size_of(view, s_storage_offset)) < 0 && PyErr_Occurred())
+        return NULL;
+    if ((sizes = called(view, s_size)) != NULL && (strides = called(view, s_stride)) != NULL
+            && (offset = PyLong_FromSsize_t(at - start)) != NULL)
+        laid = PyObject_CallMethodObjArgs(whole, s_as_strided, sizes, strides, offset, NULL);
+    Py_XDECREF(sizes);
+    Py_XDECREF(strides);
+    Py_XDECREF(offset);
+    return laid;
 }
 
 /* at_once(original, dtype, cache, args, kwargs), as the twin. */
@@ -475,10 +567,11 @@ static PyObject *AtOnce_vectorcall(AtOnceObject *self, PyObject *const *call, si
                                    PyObject *kwnames)
 {
     PyObject *original, *dtype, *cache, *args, *kwargs, *copies = NULL, *free = NULL, *lent = NULL;
-    PyObject **wide = NULL, *wide_args = NULL, *result = NULL, *value, *itemsize_object;
+    PyObject **wide = NULL, **bases = NULL, *wide_args = NULL, *result = NULL, *value, *itemsize_object;
+    PyObject *base = NULL;
     PyObject *type, *error, *traceback;
-    Py_ssize_t n = 0, i, pos = 0, start = 0, itemsize;
-    int views = 0, reduced = 0, takes, lending = 0;
+    Py_ssize_t n = 0, i, pos = 0, start = 0, itemsize, base_start = 0;
+    int views = 0, together = 0, reduced = 0, takes, lending = 0;
     char *plain = NULL;
 
     if (PyVectorcall_NARGS(nargsf) != 5 || kwnames != NULL) {
@@ -499,6 +592,7 @@ static PyObject *AtOnce_vectorcall(AtOnceObject *self, PyObject *const *call, si
         goto twin;
     /* wide[i]: a new reference to what the call is given in place of args[i] */
     if ((wide = PyMem_Calloc(n ? n : 1, sizeof(PyObject *))) == NULL
+            || (bases = PyMem_Calloc(n ? n : 1, sizeof(PyObject *))) == NULL
             || (plain = PyMem_Calloc(n ? n : 1, 1)) == NULL) {
         PyErr_NoMemory();
         goto finished;
@@ -511,9 +605,11 @@ static PyObject *AtOnce_vectorcall(AtOnceObject *self, PyObject *const *call, si
                 goto error_or_twin;          /* widened and kept by the general path */
             value = kept;
         } else if (Py_TYPE(value) == (PyTypeObject *)self->tensor) {
-            if ((takes = takes_operand(self, value, &views)) <= 0)
+            if ((takes = takes_operand(self, value, &bases[i])) <= 0)
                 goto error_or_twin;
-            plain[i] = 1;
+            plain[i] = (char)takes;
+            if (bases[i] != NULL && views++ == 0)
+                base = bases[i];             /* borrowed: bases[i] holds it */
         } else if (PyObject_TypeCheck(value, (PyTypeObject *)self->tensor) || PyList_Check(value)
                    || PyTuple_Check(value)) {
             goto twin;
@@ -521,8 +617,16 @@ static PyObject *AtOnce_vectorcall(AtOnceObject *self, PyObject *const *call, si
         Py_INCREF(value);
         wide[i] = value;
     }
-    if (views > 1)
-        goto twin;                           /* views of one tensor: converted together there */
+    if (views > 1) {
+        /* q, k and v split off one projection: converted as it, once, where they make it up */
+        if ((together = views_make_up(self, base, wide, bases, n, &base_start)) < 0)
+            goto finished;
+        if (!together)
+            goto twin;
+    }
+    for (i = 0; i < n; i++)                  /* what is converted alone is converted whole */
+        if (plain[i] == 2 && !(together && bases[i] != NULL))
+            goto twin;
     if (dtype == self->bfloat16 && self->convert != Py_None) {
         PyObject *usable = PyObject_CallNoArgs(self->usable);
         if (usable == NULL)
@@ -548,6 +652,30 @@ static PyObject *AtOnce_vectorcall(AtOnceObject *self, PyObject *const *call, si
     start = PyList_GET_SIZE(lent);
     lending = 1;
     /* From here every buffer borrowed is given back, whatever happens. */
+    if (together) {                          /* first, as the twin borrows */
+        PyObject *whole;
+        Py_ssize_t numel;
+        if ((numel = size_of(base, s_numel)) < 0 && PyErr_Occurred())
+            goto finished;
+        if ((whole = borrowed(self, free, lent, base, dtype, itemsize, numel)) == NULL)
+            goto finished;
+        if (converted_into_buffer(self, base, whole, dtype, reduced, numel) < 0) {
+            Py_DECREF(whole);
+            goto finished;
+        }
+        for (i = 0; i < n; i++) {
+            PyObject *laid;
+            if (bases[i] == NULL)
+                continue;
+            if ((laid = same_view_of(whole, wide[i], base_start)) == NULL) {
+                Py_DECREF(whole);
+                goto finished;
+            }
+            Py_SETREF(wide[i], laid);
+            plain[i] = 0;                    /* converted */
+        }
+        Py_DECREF(whole);
+    }
     for (i = 0; i < n; i++) {
         PyObject *buffer;
         Py_ssize_t numel;
@@ -576,7 +704,7 @@ error_or_twin:
     if (PyErr_Occurred())
         goto finished;
 twin:
-    released(wide, plain, n);
+    released(wide, bases, plain, n);
     Py_XDECREF(copies);
     return PyObject_Vectorcall(self->python, call, nargsf, kwnames);
 
@@ -595,7 +723,7 @@ finished:
     if (result != NULL)
         Py_SETREF(result, to_half(self, result, wide, n, reduced));
     Py_XDECREF(wide_args);
-    released(wide, plain, n);
+    released(wide, bases, plain, n);
     Py_XDECREF(copies);
     Py_XDECREF(free);
     Py_XDECREF(lent);

@@ -739,6 +739,10 @@ def _at_once_calls():
     fused = torch.randn(2, 4, 3 * 16).half()
     q, k, v = (t.view(2, 4, 2, 8).transpose(1, 2) for t in fused.split(16, dim=2))
     stacked = torch.randn(3, 4, 16).half()
+    memory = torch.randn(4 * fused.numel()).half().untyped_storage()
+    laid = torch.empty(0, dtype=torch.float16).set_(memory, fused.numel(), fused.size())
+    before = laid.as_strided(q.size(), (192, 8, 48, 1), 0)           # its first element outside
+    k2, v2 = (t.view(2, 4, 2, 8).transpose(1, 2) for t in laid.split(16, dim=2)[1:])
 
     def refused(*tensors):
         raise ValueError("refused")
@@ -754,6 +758,8 @@ def _at_once_calls():
         ("other keywords", torch.matmul, (x, x.t().contiguous()), {}),
         ("views split off one projection", F.scaled_dot_product_attention, (q, k, v), {"is_causal": True}),
         ("row-major views making up one tensor", torch.addcmul, stacked.unbind(0), {}),
+        ("views making up part of their tensor", F.scaled_dot_product_attention, (q, k, v.contiguous()), {}),
+        ("a view reaching before its tensor", F.scaled_dot_product_attention, (before, k2, v2), {}),
         ("a result that is its operand's view", lambda t: t.view(-1), (x,), {}),
         ("a result that is a tuple", lambda a, b: (a @ b, a + 1), (x, x.t().contiguous()), {}),
         ("an error", refused, (x, weight), {}),

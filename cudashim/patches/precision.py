@@ -325,8 +325,8 @@ def by_policy(api, first, device_type, cache, count, regions, policy, rows_of, c
     def widened(*args, **kwargs):
         if torch.is_autocast_enabled(device_type):
             return original(*args, **kwargs)           # autocast's call
-        tensors = _floating((*args, *kwargs.values()) if kwargs else args)
-        if not _all_half(tensors):
+        tensors = _half_operands((*args, *kwargs.values()) if kwargs else args)
+        if tensors is None:
             return reconciled(*args, **kwargs)
         try:
             rows = rows_of(args, kwargs) if rows_of is not None else None
@@ -350,7 +350,7 @@ def by_policy(api, first, device_type, cache, count, regions, policy, rows_of, c
         if out is not None:
             return _written_to_out(original, dtype, cache, args, kwargs, count, reported, choice)
         count(reported, _BECAME[choice])
-        if not _recording(tensors):
+        if not (torch.is_grad_enabled() and _recording(tensors)):
             result = at_once(original, dtype, cache, args, kwargs)
             if result is not NotImplemented:
                 return result
@@ -748,6 +748,24 @@ def _to_half(result, operands=None):
         if rounded is not None:
             return rounded
     return converted(result, HALF)
+
+
+def _half_operands(values):
+    """The floating-point tensors among ``values`` (``_floating``'s list) where every one is
+    float16, else None: the policy's test of every float16 call, in one pass."""
+    found = []
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            if value.is_floating_point():
+                if value.dtype is not HALF:
+                    return None
+                found.append(value)
+        elif isinstance(value, (list, tuple)):          # einsum's operands as one list
+            inner = _half_operands(value)
+            if inner is None:
+                return None
+            found += inner
+    return found
 
 
 def _all_half(tensors) -> bool:
