@@ -28,7 +28,8 @@ The other float16 ops a model runs (normalization, softmax, pooling, GELU, resam
 computed in float32 only where the host measured that faster by a clear margin
 (``by_measurement``, ``tables/float16_ops.WIDEN_BELOW``); elsewhere, most hosts, they run as
 asked and are not wrapped at all. A call with no gradient recorded, kept parameters and plain
-host operands, nearly every call of inference, is computed in one frame (``_at_once``).
+host operands, nearly every call of inference, is computed in one frame (``_at_once``; its
+compiled twin ``AtOnce`` where the fast path runs).
 
 Where the target has a reduced-precision float32 matmul, the program's own TF32 flags
 (``torch.backends.cuda.matmul.allow_tf32``, ``...matmul.fp32_precision``,
