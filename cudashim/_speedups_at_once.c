@@ -65,10 +65,9 @@ static PyObject *called(PyObject *obj, PyObject *name)
     return PyObject_CallMethodObjArgs(obj, name, NULL);
 }
 
-/* The truth of obj.name (an attribute): 1, 0, or -1 on error. */
-static int attribute_true(PyObject *obj, PyObject *name)
+/* The truth of ``value``, a new reference it takes (NULL: an error): 1, 0, or -1 on error. */
+static int truth_of(PyObject *value)
 {
-    PyObject *value = PyObject_GetAttr(obj, name);
     int truth;
     if (value == NULL)
         return -1;
@@ -77,16 +76,15 @@ static int attribute_true(PyObject *obj, PyObject *name)
     return truth;
 }
 
-/* The truth of obj.name() (a method: is_contiguous): 1, 0, or -1 on error. */
+/* The truth of obj.name, an attribute (is_cpu), and of obj.name(), a method (is_contiguous). */
+static int attribute_true(PyObject *obj, PyObject *name)
+{
+    return truth_of(PyObject_GetAttr(obj, name));
+}
+
 static int method_true(PyObject *obj, PyObject *name)
 {
-    PyObject *value = called(obj, name);
-    int truth;
-    if (value == NULL)
-        return -1;
-    truth = PyObject_IsTrue(value);
-    Py_DECREF(value);
-    return truth;
+    return truth_of(called(obj, name));
 }
 
 /* obj.name() as a C integer (numel, data_ptr): -1 with an exception set on error. */
@@ -121,12 +119,29 @@ static long long storage_address(PyObject *tensor)
     return -2;
 }
 
+/* Whether the weak reference ``ref`` refers to ``obj``: 1, 0, or -1 on error. */
+static int refers_to(PyObject *ref, PyObject *obj)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *referent;
+    int found = PyWeakref_GetRef(ref, &referent);
+    if (found <= 0)
+        return found;
+    found = referent == obj;
+    Py_DECREF(referent);
+    return found;
+#else
+    PyObject *referent = PyWeakref_GetObject(ref);
+    return referent == NULL ? -1 : referent == obj;
+#endif
+}
+
 /* The kept copy of a parameter in ``dtype`` (a borrowed reference) where it is still valid,
  * as the twin checks it: the same parameter, version and storage. NULL with no error where
  * there is none; NULL with an error set on error. */
 static PyObject *kept_copy(PyObject *copies, PyObject *parameter, PyObject *dtype)
 {
-    PyObject *key, *kept, *referent, *version, *storage;
+    PyObject *key, *kept, *version, *storage;
     int same;
     key = Py_BuildValue("(NO)", PyLong_FromVoidPtr(parameter), dtype);
     if (key == NULL)
@@ -135,8 +150,7 @@ static PyObject *kept_copy(PyObject *copies, PyObject *parameter, PyObject *dtyp
     Py_DECREF(key);
     if (kept == NULL || !PyTuple_Check(kept) || PyTuple_GET_SIZE(kept) != 4)
         return NULL;
-    referent = PyWeakref_GetObject(PyTuple_GET_ITEM(kept, 0));
-    if (referent != parameter)
+    if (refers_to(PyTuple_GET_ITEM(kept, 0), parameter) <= 0)
         return NULL;
     version = PyObject_GetAttr(parameter, s_version);
     if (version == NULL)
@@ -148,9 +162,9 @@ static PyObject *kept_copy(PyObject *copies, PyObject *parameter, PyObject *dtyp
     storage = called(parameter, s_untyped_storage);
     if (storage == NULL)
         return NULL;
-    referent = PyWeakref_GetObject(PyTuple_GET_ITEM(kept, 2));
-    Py_DECREF(storage);                    /* one Python object while the storage lives */
-    if (referent != storage)
+    same = refers_to(PyTuple_GET_ITEM(kept, 2), storage);   /* one Python object while it lives */
+    Py_DECREF(storage);
+    if (same <= 0)
         return NULL;
     return PyTuple_GET_ITEM(kept, 3);
 }
@@ -316,7 +330,6 @@ static int converted(AtOnceObject *self, long long source, long long destination
                      int to_bfloat16)
 {
     PyObject *threads, *done;
-    int truth;
     if (numel >= self->threads_from)
         threads = PyObject_CallNoArgs(self->threads);
     else
@@ -326,11 +339,7 @@ static int converted(AtOnceObject *self, long long source, long long destination
     done = PyObject_CallFunction(self->convert, "LLnOO", source, destination, numel,
                                  to_bfloat16 ? Py_True : Py_False, threads);
     Py_DECREF(threads);
-    if (done == NULL)
-        return -1;
-    truth = PyObject_IsTrue(done);
-    Py_DECREF(done);
-    return truth;
+    return truth_of(done);
 }
 
 /* Into a borrowed buffer: the compiled conversion where it runs, else as the twin converts
@@ -628,12 +637,7 @@ static PyObject *AtOnce_vectorcall(AtOnceObject *self, PyObject *const *call, si
         if (plain[i] == 2 && !(together && bases[i] != NULL))
             goto twin;
     if (dtype == self->bfloat16 && self->convert != Py_None) {
-        PyObject *usable = PyObject_CallNoArgs(self->usable);
-        if (usable == NULL)
-            goto finished;
-        reduced = PyObject_IsTrue(usable);
-        Py_DECREF(usable);
-        if (reduced < 0)
+        if ((reduced = truth_of(PyObject_CallNoArgs(self->usable))) < 0)
             goto finished;
     }
     if ((itemsize_object = PyObject_GetAttr(dtype, s_itemsize)) == NULL)
