@@ -18,7 +18,8 @@ literally defeats them. So, by default (``amp_dtype="auto"``):
   so float16's half-size weights can beat float32 even where float16 arithmetic is emulated;
   compute-bound ones (training, prefill) run at the arithmetic's speed. The host measures
   both classes once (``MatmulChoices``, cached on disk), at the first activation that needs
-  them;
+  them, and attention's two (a decoding step's query over a cache, a prefill) on attention
+  itself;
 - the other ops a float16 model runs (normalization, softmax, pooling, GELU, resampling) are
   mostly memory-bound, and as asked they often beat float32, which costs a conversion each way:
   each is timed both ways on the host once (``tables/float16_ops.py``, cached beside the matmul
@@ -61,6 +62,14 @@ class MatmulChoices(NamedTuple):
     how_known: str
     # What the choices were measured from: {shape class: {choice: ms, "rows": rows}}
     timings: Mapping[str, Mapping[str, float]] = types.MappingProxyType({})
+    # Attention's own choices (scaled_dot_product_attention, measured on its own shapes: a
+    # decoding step is one query over a cache, a prefill as many queries as positions); None:
+    # as the products'.
+    attention: Optional["MatmulChoices"] = None
+
+    def of_attention(self) -> "MatmulChoices":
+        """The choices attention computes in."""
+        return self.attention if self.attention is not None else self
 
     def is_memory_bound(self, rows: Optional[int]) -> bool:
         """Whether a product of ``rows`` rows a matrix is memory-bound (None: not known, no)."""
@@ -204,17 +213,24 @@ class PrecisionPolicy:
         described = {AS_ASKED: "in float16, as asked", BFLOAT16: "in bfloat16, rounded to float16 once",
                      FLOAT32: "in float32, rounded to float16 once"}
 
-        def measured(shape_class):
+        def measured(choices, shape_class):
             times = choices.timings.get(shape_class)
             if not times:
                 return ""
             rows = times.get("rows")
             return " [" + ", ".join(f"{choice} {ms:.3g} ms" for choice, ms in times.items()
                                     if choice != "rows") + f" at {rows} rows]"
-        return [f"explicit float16 matmuls ({choices.how_known}):",
-                f"  memory-bound (at most {choices.memory_bound_rows} rows a matrix): "
-                f"{described[choices.memory_bound]}{measured('memory-bound')}",
-                f"  compute-bound: {described[choices.compute_bound]}{measured('compute-bound')}"]
+        lines = [f"explicit float16 matmuls ({choices.how_known}):",
+                 f"  memory-bound (at most {choices.memory_bound_rows} rows a matrix): "
+                 f"{described[choices.memory_bound]}{measured(choices, 'memory-bound')}",
+                 f"  compute-bound: {described[choices.compute_bound]}{measured(choices, 'compute-bound')}"]
+        attention = choices.attention
+        if attention is not None:
+            lines += [f"float16 attention (scaled_dot_product_attention, {attention.how_known}):",
+                      f"  decoding (at most {attention.memory_bound_rows} queries a head): "
+                      f"{described[attention.memory_bound]}{measured(attention, 'memory-bound')}",
+                      f"  prefill: {described[attention.compute_bound]}{measured(attention, 'compute-bound')}"]
+        return lines
 
     def op_table(self) -> List[str]:
         """The other float16 ops: which run as asked and which in float32, with their timings."""

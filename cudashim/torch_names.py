@@ -145,6 +145,8 @@ NAMES: Dict[str, Name] = {name.path: name for name in (
         ("torch._C._pop_torch_function_stack", "autograd_exit", "setting the function modes aside"),
         ("torch._C._push_on_torch_function_stack", "autograd_exit", "setting the function modes aside"),
         ("torch._C._nn.linear", "cpu_speed", "the matmul speed probe, below the precision patches"),
+        ("torch._C._nn.scaled_dot_product_attention", "cpu_speed",
+         "the attention speed probe, below the precision patches"),
         ("torch._amp_foreach_non_finite_check_and_unscale_", "substitutes.apex", "apex's unscale"),
         ("torch._ops.OpOverload", "graphs", "recording ops"),
         ("torch._register_device_module", "testdevice", "registering the test accelerator's module"),

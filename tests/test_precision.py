@@ -715,6 +715,66 @@ def _counted(name):
     return activation.current_activation().report.entries[name]["became"]
 
 
+def test_attention_computes_in_the_choices_measured_on_its_own_shapes(speeds):
+    """Attention keeps no weights, and torch's CPU kernels for it are not its products': it
+    computes in its own choices. A decoding step's attention (one query over a cache) in float32
+    where a product of as few rows runs as asked; a prefill's in bfloat16; each result float16,
+    what its choice computes by hand, and reported as what it became."""
+    from cudashim.precision import AS_ASKED, BFLOAT16, FLOAT32, MatmulChoices
+    torch.manual_seed(0)
+    weight = torch.nn.Parameter(torch.randn(64, 64).half(), requires_grad=False)
+    x = torch.randn(2, 1, 64).half()
+    query = torch.randn(2, 4, 1, 16).half()
+    keys, values = torch.randn(2, 4, 24, 16).half(), torch.randn(2, 4, 24, 16).half()
+    prompt = torch.randn(2, 4, 24, 16).half()
+    attention = lambda *t: F.scaled_dot_product_attention(*t)             # noqa: E731
+    prefill = lambda *t: F.scaled_dot_product_attention(*t, is_causal=True)   # noqa: E731
+    expected = {"step": attention(query.float(), keys.float(), values.float()).half(),
+                "prefill": _by_hand_in_bfloat16(prefill, prompt, keys, values),
+                "projection": F.linear(x, weight)}
+    assert not torch.equal(expected["step"], attention(query, keys, values))    # torch's own differs
+    speeds(FAST_BF16, matmuls=MatmulChoices(AS_ASKED, BFLOAT16, 4, "test",
+                                            attention=MatmulChoices(FLOAT32, BFLOAT16, 4, "test")),
+           report=True)
+    with torch.no_grad():
+        ours = {"step": attention(query, keys, values), "prefill": prefill(prompt, keys, values),
+                "projection": F.linear(x, weight)}
+    for name, result in ours.items():
+        assert result.dtype == HALF and torch.equal(result, expected[name]), name
+    api = "torch.nn.functional.scaled_dot_product_attention"
+    assert _counted(f"{api} (memory-bound)") == "float16 computed in float32"
+    assert _counted(api) == "float16 computed in bfloat16"
+    assert _counted("torch.nn.functional.linear (memory-bound)") == "float16 as asked"
+
+
+def test_attention_is_measured_on_attention_calls_in_each_choice():
+    """The attention table times scaled_dot_product_attention itself, not the products: one
+    query over a cache for decoding and a causal prefill, each choice converting its float16
+    operands and rounding its result to float16, as the policy does; the classes' boundary as
+    the products' is found."""
+    from cudashim.backends import cpu_speed
+    from cudashim.precision import AS_ASKED, BFLOAT16, FLOAT32
+    seen = []
+
+    def timed_in_turns(*calls, turns=7):
+        results = [call() for call in calls]
+        assert all(result.dtype == HALF for result in results)
+        rows = results[0].shape[-2]
+        seen.append((rows, tuple(results[0].shape)))
+        reference = results[0].double()
+        # every choice computes the same attention, to its precision
+        assert all((result.double() - reference).abs().max() < 0.05 for result in results)
+        if len(calls) == 3:                             # a class: float32 fastest decoding
+            return [0.5, 0.14, 0.1] if rows == 2 else [4.4, 2.0, 2.5]
+        return [0.1, 0.2] if rows < 32 else [1.0, 0.5]  # the boundary: float32 up to 16 queries
+    measured = cpu_speed._measure_attention(TimedAs(timed_in_turns))
+    assert (measured["memory_bound"], measured["compute_bound"]) == (FLOAT32, BFLOAT16)
+    assert measured["memory_bound_rows"] == 16
+    assert measured["timings"]["memory-bound"] == {AS_ASKED: 0.5, BFLOAT16: 0.14, FLOAT32: 0.1, "rows": 2}
+    assert seen[0] == (2, (2, 8, 2, 64))                # two queries a head over the cache
+    assert (256, (2, 8, 256, 64)) in seen and [rows for rows, _ in seen[-4:]] == [4, 8, 16, 32]
+
+
 def test_explicit_float16_computes_in_each_shape_classs_choice(speeds):
     """Decoding-sized products (a few rows a matrix) run as asked where the host measured
     float16 fastest there; training-sized ones in float32; each result float16, and each
@@ -1242,6 +1302,11 @@ def test_the_host_profiles_stand_for_the_cpus_they_name():
     bf16, slow = cpu_speed.matmul_choices("bfloat16"), cpu_speed.matmul_choices("slow")
     assert (bf16.for_rows(2), bf16.for_rows(256)) == (AS_ASKED, BFLOAT16)
     assert (slow.for_rows(4), slow.for_rows(5)) == (AS_ASKED, FLOAT32)
+    # attention in float32 on both: its decoding step too, where the products run as asked
+    for choices in (bf16, slow):
+        attention = choices.of_attention()
+        assert attention is not choices and (attention.for_rows(1), attention.for_rows(256)) == (FLOAT32, FLOAT32)
+    assert cpu_speed.matmul_choices("fast").of_attention().for_rows(1) == AS_ASKED
     # a profile stands for the matmul table; the other float16 ops run as asked under each
     assert all(cpu_speed.op_choices(profile) == {} for profile in ("fast", "bfloat16", "slow"))
 
@@ -1297,6 +1362,11 @@ def test_doctor_shows_the_float16_matmul_table_it_measured(capsys, monkeypatch, 
     assert f"compute-bound: {described[table['compute_bound']]}" in lines
     timings = table["timings"]["compute-bound"]
     assert min(timings[c] for c in ("as-asked", "bfloat16", "float32")) * 1.05 >= timings[table["compute_bound"]]
+    (_, attention), = json.loads((tmp_path / "cudashim" / "float16-attention.json").read_text()).items()
+    assert "float16 attention (scaled_dot_product_attention, measured on this CPU" in lines
+    assert f"decoding (at most {attention['memory_bound_rows']} queries a head): " \
+           f"{described[attention['memory_bound']]}" in lines
+    assert f"prefill: {described[attention['compute_bound']]}" in lines
 
 
 def test_kept_float32_copies_stay_within_their_budget():

@@ -13,7 +13,11 @@ not cached (``timing``): the next process times it again.
 Where float16 is slow, what explicit float16 matmuls compute in is measured too
 (``matmul_choices``): each shape class timed in float16 as asked, in bfloat16 and in float32
 (weights converted once, as the policy keeps them), once per CPU, thread count and torch
-version, cached beside the speeds.
+version, cached beside the speeds. Attention (``scaled_dot_product_attention``) is timed on
+its own shapes, as a decoding step and as a prefill, its operands converted on every call: it
+has no weights to keep, and torch's CPU kernels for it are not its products' (in float16 and
+bfloat16 they took 5 to 10 times float32's time for one query over a cache on an AVX-512 BF16
+EPYC, where its products take 1.1 and 0.6 times).
 
 A host profile (``--host-profile``, ``tables/host_profiles.py``) stands in for both
 measurements with the answers of the CPU it names, whatever this one is.
@@ -62,7 +66,7 @@ def describe_profile(profile: str) -> str:
 def speeds(profile: str = MEASURED) -> Tuple[Dict[torch.dtype, bool], str]:
     """({float16: fast?, bfloat16: fast?}, how that is known)."""
     if profile != MEASURED:
-        _, fast, _ = PROFILES[profile]
+        _, fast, _, _ = PROFILES[profile]
         return ({torch.float16: fast["float16"], torch.bfloat16: fast["bfloat16"]},
                 f"host profile '{profile}'")
     if platform.machine().lower() in _X86:
@@ -169,8 +173,9 @@ def matmul_choices(profile: str = MEASURED):
     if fast[torch.float16]:                  # float16 as asked: nothing to choose, nothing to time
         return MatmulChoices.from_dtype_speeds(fast, how_known)
     if profile != MEASURED:
-        _, _, choices = PROFILES[profile]
-        return MatmulChoices(*choices, f"host profile '{profile}'")
+        _, _, choices, attention = PROFILES[profile]
+        how_known = f"host profile '{profile}'"
+        return MatmulChoices(*choices, how_known, attention=MatmulChoices(*attention, how_known))
     # torch's kernels in the key (the same CPU under ATEN_CPU_CAPABILITY=avx2 computes float16
     # at AVX2's speed); the passes and the stopwatch: an answer timed in fewer passes, or with
     # the turns other work held up counted, which a stall may have decided, is timed again.
@@ -178,9 +183,14 @@ def matmul_choices(profile: str = MEASURED):
            f"{torch.get_num_threads()} threads, torch {torch.__version__}, {_MATMUL_PASSES} passes, "
            f"{_CONVERTING_CALL_MS} ms a converting call, {UNSTALLED}")
     cached, kept = _cached(cache_file("float16-matmuls.json"), key, _measure_matmuls)
+    how_known = f"measured on this CPU, {torch.get_num_threads()} threads; {kept}"
+    attention, kept = _cached(cache_file("float16-attention.json"), key, _measure_attention)
     return MatmulChoices(cached["memory_bound"], cached["compute_bound"], cached["memory_bound_rows"],
-                         f"measured on this CPU, {torch.get_num_threads()} threads; {kept}",
-                         cached["timings"])
+                         how_known, cached["timings"], MatmulChoices(
+                             attention["memory_bound"], attention["compute_bound"],
+                             attention["memory_bound_rows"],
+                             f"measured on this CPU, {torch.get_num_threads()} threads; {kept}",
+                             attention["timings"]))
 
 
 def _cpu_model() -> str:
@@ -217,10 +227,51 @@ def _choice_call(rows: int, choice: str):
     return lambda: linear(x.to(dtype), kept).half()
 
 
-def _time_choices(stopwatch: Stopwatch, rows: int, choices, passes: int = 1) -> Dict[str, float]:
+# Attention as the classes time it: a batch of 2 of 8 heads of 64, one query a row over a cache
+# of this many positions (decoding), or as many queries as positions, causal (a prefill).
+_ATTENTION_CACHE = 256
+
+
+def _attention_call(rows: int, choice: str):
+    """One scaled_dot_product_attention of ``rows`` float16 queries a head, computed as
+    ``choice`` does: query, keys and values converted on every call into buffers kept between
+    calls (the policy's ``ConversionScratch``), the result rounded to float16. torch's own C
+    function, as ``_choice_call`` takes."""
+    from ..precision import AS_ASKED, BFLOAT16
+    attention = torch._C._nn.scaled_dot_product_attention
+    numbers = torch.Generator().manual_seed(0)
+    positions = max(rows, _ATTENTION_CACHE)
+    q = torch.randn(2, 8, rows, 64, generator=numbers).half()
+    k, v = (torch.randn(2, 8, positions, 64, generator=numbers).half() for _ in range(2))
+    causal = rows == positions
+    if choice == AS_ASKED:
+        return lambda: attention(q, k, v, is_causal=causal)
+    dtype = torch.bfloat16 if choice == BFLOAT16 else torch.float32
+    wide = [torch.empty(t.shape, dtype=dtype) for t in (q, k, v)]
+
+    def converted_and_rounded():
+        for buffer, tensor in zip(wide, (q, k, v)):
+            _converted_into(tensor, buffer)
+        return attention(*wide, is_causal=causal).half()
+    return converted_and_rounded
+
+
+def _converted_into(tensor, buffer):
+    """``tensor`` (float16) converted into ``buffer``, as the policy converts an operand: in one
+    pass into bfloat16 where the compiled conversion runs, else by way of float32."""
+    from ..kernels import native
+    if buffer.dtype is torch.bfloat16:
+        if not (native.usable() and native.converted_into(tensor, buffer, torch.bfloat16)):
+            buffer.copy_(tensor.float())
+    else:
+        buffer.copy_(tensor)
+
+
+def _time_choices(stopwatch: Stopwatch, rows: int, choices, passes: int = 1,
+                  call=None) -> Dict[str, float]:
     """The best milliseconds of each choice at ``rows`` rows over ``passes`` passes, the choices
-    taking turns in each."""
-    calls = [_choice_call(rows, choice) for choice in choices]
+    taking turns in each. ``call``: what builds a call of a choice (``_choice_call``)."""
+    calls = [(call or _choice_call)(rows, choice) for choice in choices]
     best = [float("inf")] * len(calls)
     for _ in range(passes):
         best = [min(pair) for pair in zip(best, stopwatch.best_of_turns(*calls))]
@@ -253,18 +304,29 @@ def _fastest(times: Dict[str, float]) -> str:
 
 
 def _measure_matmuls(stopwatch: Stopwatch) -> dict:
+    return _measure_classes(stopwatch, _choice_call)
+
+
+def _measure_attention(stopwatch: Stopwatch) -> dict:
+    return _measure_classes(stopwatch, _attention_call)
+
+
+def _measure_classes(stopwatch: Stopwatch, call) -> dict:
+    """Both shape classes of the calls ``call`` builds timed in each choice, and the boundary
+    between them."""
     from ..precision import AS_ASKED, BFLOAT16, FLOAT32
     choices = (AS_ASKED, BFLOAT16, FLOAT32)
     with torch.no_grad():
-        memory = _time_choices(stopwatch, _MEMORY_BOUND_ROWS, choices, _MATMUL_PASSES)
-        compute = _time_choices(stopwatch, _COMPUTE_BOUND_ROWS, choices, _MATMUL_PASSES)
+        memory = _time_choices(stopwatch, _MEMORY_BOUND_ROWS, choices, _MATMUL_PASSES, call)
+        compute = _time_choices(stopwatch, _COMPUTE_BOUND_ROWS, choices, _MATMUL_PASSES, call)
         memory_choice, compute_choice = _fastest(memory), _fastest(compute)
         # Where the classes differ, the memory-bound choice holds up to the largest row count
         # (doubling from the decoding batch) at which it still beats the compute-bound one.
         rows = _MEMORY_BOUND_ROWS
         if memory_choice != compute_choice:
             while rows * 2 < _COMPUTE_BOUND_ROWS:
-                times = _in_a_program(_time_choices(stopwatch, rows * 2, (memory_choice, compute_choice)))
+                times = _in_a_program(_time_choices(stopwatch, rows * 2, (memory_choice, compute_choice),
+                                                    call=call))
                 if times[memory_choice] >= times[compute_choice]:
                     break
                 rows *= 2

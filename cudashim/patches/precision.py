@@ -10,7 +10,9 @@ the policy's choice for the call's shape class: a product of few rows a matrix (
 memory-bound, and may run in float16 as asked, whose weights are half float32's size; a
 larger one computes in float32 (or bfloat16 where that is the host's fastest) and rounds the
 result to float16 once, as CUDA's tensor cores accumulate. Convolutions, einsum and the
-chained and contracted products count as compute-bound. Tensors keep their dtype, and a
+chained and contracted products count as compute-bound. Attention has choices of its own,
+measured on attention calls (``MatmulChoices.attention``): it keeps no weights, and torch's CPU
+attention kernels are not its products'. Tensors keep their dtype, and a
 result the layout torch's own call gives it (attention's output on heads split off a fused
 projection is laid out batch, position, head); a result asked for in an ``out=`` tensor, or in
 the tensor an in-place method is called on, is rounded into it. A call whose first tensor is
@@ -146,7 +148,8 @@ def install(activation):
                 by_policy, api, first, activation.backend.device_type, cache,
                 activation.count, policy.float32_regions, policy, _ROWS.get(name),
                 activation.compiled, in_place=owner is torch.Tensor and name in _IN_PLACE,
-                float32_only=name in _FLOAT32_ONLY, at_once=at_once))
+                float32_only=name in _FLOAT32_ONLY, attention=name == "scaled_dot_product_attention",
+                at_once=at_once))
         for name in policy.widened_ops:
             for owner, attribute, api in float16_ops.places(name):
                 activation.replace(owner, attribute, functools.partial(
@@ -303,12 +306,13 @@ def _quarter_of_memory() -> int:
 
 
 def by_policy(api, first, device_type, cache, count, regions, policy, rows_of, compiled, original,
-              *, in_place=False, float32_only=False, at_once=None):
+              *, in_place=False, float32_only=False, attention=False, at_once=None):
     """``original`` computing float16 inputs as the policy chooses; its compiled gate where
     the fast path runs (``_speedups_precision.c``), which behaves as the Python wrapper.
     ``in_place``: ``original`` is a Tensor method writing into the tensor it is called on;
-    ``float32_only``: a bfloat16 choice computes it in float32; ``at_once``: ``_at_once`` or
-    its compiled twin (``_at_once_for``)."""
+    ``float32_only``: a bfloat16 choice computes it in float32; ``attention``: ``original`` is
+    attention, computed in attention's own choices; ``at_once``: ``_at_once`` or its compiled
+    twin (``_at_once_for``)."""
     at_once = _at_once if at_once is None else at_once
     def reconciled(*args, **kwargs):
         """In a CUDA region run in float32: float16 and bfloat16 operands in float32, as
@@ -333,7 +337,7 @@ def by_policy(api, first, device_type, cache, count, regions, policy, rows_of, c
             rows = rows_of(args, kwargs) if rows_of is not None else None
         except (IndexError, AttributeError, TypeError):   # a call shape torch will judge
             rows = None
-        choices = policy.float16_matmuls
+        choices = policy.float16_matmuls.of_attention() if attention else policy.float16_matmuls
         memory_bound = choices.is_memory_bound(rows)
         choice = choices.memory_bound if memory_bound else choices.compute_bound
         # The report has one row per API and what it became: decoding-sized calls get their own.
