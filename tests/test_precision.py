@@ -747,6 +747,37 @@ def test_attention_computes_in_the_choices_measured_on_its_own_shapes(speeds):
     assert _counted("torch.nn.functional.linear (memory-bound)") == "float16 as asked"
 
 
+@needs_onednn_precision
+def test_a_float32_choice_runs_in_plain_float32_under_the_programs_tf32_flags(speeds, monkeypatch):
+    """Where bfloat16 is fast the TF32 flags turn on oneDNN's bfloat16 precision for float32
+    matmuls. A float16 call the policy computes in float32 (attention's decoding step here) runs
+    in plain float32 all the same, as its choice was timed; the program's own float32 calls keep
+    its setting, which stands after the call."""
+    from cudashim.precision import AS_ASKED, BFLOAT16, FLOAT32, MatmulChoices
+    matmul = torch.backends.mkldnn.matmul
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def attention(*args, **kwargs):                  # what the policy wraps: torch's, observed
+        seen.append((args[0].dtype, matmul.fp32_precision))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", attention)
+    torch.manual_seed(0)
+    query, keys, values = (torch.randn(2, 4, n, 16).half() for n in (1, 24, 24))
+    expected = real(query.float(), keys.float(), values.float()).half()
+    speeds(FAST_BF16, matmuls=MatmulChoices(AS_ASKED, BFLOAT16, 4, "test",
+                                            attention=MatmulChoices(FLOAT32, BFLOAT16, 4, "test")))
+    torch.backends.cuda.matmul.allow_tf32 = True
+    assert matmul.fp32_precision == "bf16"
+    with torch.no_grad():
+        step = F.scaled_dot_product_attention(query, keys, values)
+        F.scaled_dot_product_attention(keys, keys, values, is_causal=True)           # bfloat16
+        F.scaled_dot_product_attention(query.float(), keys.float(), values.float())  # the program's
+    assert seen == [(torch.float32, "ieee"), (torch.bfloat16, "bf16"), (torch.float32, "bf16")]
+    assert matmul.fp32_precision == "bf16"
+    assert step.dtype == HALF and torch.equal(step, expected)
+
+
 def test_attention_is_measured_on_attention_calls_in_each_choice():
     """The attention table times scaled_dot_product_attention itself, not the products: one
     query over a cache for decoding and a causal prefill, each choice converting its float16

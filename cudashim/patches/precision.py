@@ -326,6 +326,11 @@ def by_policy(api, first, device_type, cache, count, regions, policy, rows_of, c
                         **{name: _float32(value, cache) for name, value in kwargs.items()})
 
     memory_bound_api = f"{api} (memory-bound)"
+    # A float32 choice runs as it was timed, in plain float32, where the program's TF32 flags
+    # have turned on oneDNN's bfloat16 precision for float32 matmuls: torch's CPU attention at a
+    # decoding step's sizes took 3 to 10 times as long with it on an AVX-512 BF16 EPYC (one query
+    # over 16 positions a head: 0.87 ms against 0.08), its blocks too small to gain from it.
+    plain = _in_plain_float32(original) if policy.float32_matmul_precision is not None else None
 
     def widened(*args, **kwargs):
         if torch.is_autocast_enabled(device_type):
@@ -348,18 +353,19 @@ def by_policy(api, first, device_type, cache, count, regions, policy, rows_of, c
         if choice == BFLOAT16 and float32_only:
             choice = FLOAT32
         dtype = torch.bfloat16 if choice == BFLOAT16 else torch.float32
+        computed = plain if plain is not None and dtype is torch.float32 else original
         if in_place:
             count(reported, _BECAME[choice])
-            return _written_in_place(original, dtype, cache, args, kwargs)
+            return _written_in_place(computed, dtype, cache, args, kwargs)
         out = kwargs.get("out")
         if out is not None:
-            return _written_to_out(original, dtype, cache, args, kwargs, count, reported, choice)
+            return _written_to_out(computed, dtype, cache, args, kwargs, count, reported, choice)
         count(reported, _BECAME[choice])
         if not (torch.is_grad_enabled() and _recording(tensors)):
-            result = at_once(original, dtype, cache, args, kwargs)
+            result = at_once(computed, dtype, cache, args, kwargs)
             if result is not NotImplemented:
                 return result
-        return _computed_and_rounded(original, dtype, cache, args, kwargs, tensors)
+        return _computed_and_rounded(computed, dtype, cache, args, kwargs, tensors)
 
     @functools.wraps(original)
     def computed_by_policy(*args, **kwargs):
@@ -381,6 +387,24 @@ def by_policy(api, first, device_type, cache, count, regions, policy, rows_of, c
     # Calls outside float16, nearly all of them where the policy widens, skip the Python frame.
     gate = compiled.HalfGate(original, widened, reconciled, regions, HALF, first)
     return compiled_twin(gate, computed_by_policy)
+
+
+def _in_plain_float32(original):
+    """``original`` with the target's float32 matmuls in plain float32 (oneDNN's float32
+    precision "ieee") for the call, the setting put back as it was after. The setting is the
+    process's, not the thread's: another thread's float32 matmul running meanwhile runs in plain
+    float32 too."""
+    matmul = torch.backends.mkldnn.matmul
+
+    @functools.wraps(original)
+    def in_plain_float32(*args, **kwargs):
+        before = matmul.fp32_precision
+        matmul.fp32_precision = "ieee"
+        try:
+            return original(*args, **kwargs)
+        finally:
+            matmul.fp32_precision = before
+    return in_plain_float32
 
 
 def _at_once(original, dtype, cache, args, kwargs):
