@@ -11,11 +11,11 @@
  * more than the conversions they wrap. This twin reads the same kept copies and the same
  * buffers (the Python ConversionScratch's own dict and lists), converts through the same
  * compiled kernel, converts q, k and v split off one projection as the projection, once, and
- * calls the Python twin for every call it does not take whole: operands among the keywords, a
- * parameter without a valid kept copy, views of one tensor that do not make it up, an operand
- * converted alone that is not row-major, a buffer that must be laid out anew, a result that
- * is not one row-major tensor. Its answers are the twin's, and so is
- * what the buffers hold after it.
+ * calls the Python twin for every call it does not take whole: a tensor among the keywords or
+ * in a list (a convolution's sizes are taken), a parameter without a valid kept copy, views of
+ * one tensor that do not make it up, an operand converted alone that is not row-major, a
+ * buffer that must be laid out anew, a result that is not one row-major tensor. Its answers
+ * are the twin's, and so is what the buffers hold after it.
  */
 
 #include "_speedups.h"
@@ -571,6 +571,31 @@ static PyObject *same_view_of(PyObject *whole, PyObject *view, Py_ssize_t start)
     return laid;
 }
 
+/* The twin's _holds_a_tensor: whether ``value`` is a list or tuple with a tensor among its
+ * items, at any depth (einsum's operands, not a convolution's sizes): 1 or 0, -1 on error. */
+static int holds_a_tensor(AtOnceObject *self, PyObject *value)
+{
+    PyObject *items;
+    Py_ssize_t i, n;
+    int found = 0;
+    if (!PyList_Check(value) && !PyTuple_Check(value))
+        return 0;
+    if ((items = PySequence_Fast(value, "")) == NULL)
+        return -1;
+    if (Py_EnterRecursiveCall(" in AtOnce's walk of a call's lists")) {
+        Py_DECREF(items);
+        return -1;
+    }
+    n = PySequence_Fast_GET_SIZE(items);
+    for (i = 0; i < n && !found; i++) {
+        PyObject *item = PySequence_Fast_ITEMS(items)[i];
+        found = PyObject_TypeCheck(item, (PyTypeObject *)self->tensor) ? 1 : holds_a_tensor(self, item);
+    }
+    Py_LeaveRecursiveCall();
+    Py_DECREF(items);
+    return found;
+}
+
 /* at_once(original, dtype, cache, args, kwargs), as the twin. */
 static PyObject *AtOnce_vectorcall(AtOnceObject *self, PyObject *const *call, size_t nargsf,
                                    PyObject *kwnames)
@@ -590,10 +615,15 @@ static PyObject *AtOnce_vectorcall(AtOnceObject *self, PyObject *const *call, si
     original = call[0], dtype = call[1], cache = call[2], args = call[3], kwargs = call[4];
     if (!PyTuple_Check(args) || !PyDict_Check(kwargs))
         goto twin;
-    while (PyDict_Next(kwargs, &pos, NULL, &value))
-        if (PyObject_TypeCheck(value, (PyTypeObject *)self->tensor) || PyList_Check(value)
-                || PyTuple_Check(value))
+    while (PyDict_Next(kwargs, &pos, NULL, &value)) {
+        if (PyObject_TypeCheck(value, (PyTypeObject *)self->tensor))
             goto twin;
+        if ((takes = holds_a_tensor(self, value)) != 0) {
+            if (takes < 0)
+                return NULL;
+            goto twin;
+        }
+    }
     n = PyTuple_GET_SIZE(args);
     if ((copies = PyObject_GetAttr(cache, s_copies)) == NULL)
         goto finished;
@@ -619,8 +649,11 @@ static PyObject *AtOnce_vectorcall(AtOnceObject *self, PyObject *const *call, si
             plain[i] = (char)takes;
             if (bases[i] != NULL && views++ == 0)
                 base = bases[i];             /* borrowed: bases[i] holds it */
-        } else if (PyObject_TypeCheck(value, (PyTypeObject *)self->tensor) || PyList_Check(value)
-                   || PyTuple_Check(value)) {
+        } else if (PyObject_TypeCheck(value, (PyTypeObject *)self->tensor)) {
+            goto twin;
+        } else if ((takes = holds_a_tensor(self, value)) != 0) {
+            if (takes < 0)
+                goto finished;
             goto twin;
         }
         Py_INCREF(value);

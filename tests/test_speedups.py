@@ -736,6 +736,8 @@ def _at_once_calls():
     weight = torch.nn.Parameter(torch.randn(8, 16).half(), requires_grad=False)
     bias = torch.nn.Parameter(torch.randn(8).half(), requires_grad=False)
     unkept = torch.nn.Parameter(torch.randn(8, 16).half(), requires_grad=False)
+    image = torch.randn(2, 3, 8, 8).half()
+    filters = torch.nn.Parameter(torch.randn(4, 3, 3, 3).half(), requires_grad=False)
     fused = torch.randn(2, 4, 3 * 16).half()
     q, k, v = (t.view(2, 4, 2, 8).transpose(1, 2) for t in fused.split(16, dim=2))
     stacked = torch.randn(3, 4, 16).half()
@@ -756,6 +758,11 @@ def _at_once_calls():
         ("a parameter with no kept copy", F.linear, (x, unkept), {}),
         ("a tensor among the keywords", F.linear, (x,), {"weight": weight}),
         ("other keywords", torch.matmul, (x, x.t().contiguous()), {}),
+        ("a convolution's sizes", F.conv2d, (image, filters, None, (2, 2), [1, 1], (1, 1), 1), {}),
+        ("its sizes among the keywords", F.conv2d, (image, filters), {"stride": (2, 2), "padding": 1}),
+        ("operands in a list", torch.einsum, ("ij,jk->ik", [x, x.t().contiguous()]), {}),
+        ("operands in a list among the keywords", lambda tensors: torch.cat(tensors), (),
+         {"tensors": ((x,), [x])}),
         ("views split off one projection", F.scaled_dot_product_attention, (q, k, v), {"is_causal": True}),
         ("row-major views making up one tensor", torch.addcmul, stacked.unbind(0), {}),
         ("views making up part of their tensor", F.scaled_dot_product_attention, (q, k, v.contiguous()), {}),
@@ -763,7 +770,7 @@ def _at_once_calls():
         ("a result that is its operand's view", lambda t: t.view(-1), (x,), {}),
         ("a result that is a tuple", lambda a, b: (a @ b, a + 1), (x, x.t().contiguous()), {}),
         ("an error", refused, (x, weight), {}),
-    ], (weight, bias)
+    ], (weight, bias, filters)
 
 
 def _at_once_outcomes(at_once, dtype, portable=False):
@@ -778,7 +785,7 @@ def _at_once_outcomes(at_once, dtype, portable=False):
     found = {}
     with torch.no_grad(), native.portable_only() if portable else contextlib.nullcontext():
         for what, function, operands, keywords in calls:
-            before = [t.clone() for t in operands]
+            before = [t.clone() for t in operands if isinstance(t, torch.Tensor)]
             try:
                 result = at_once(function, dtype, cache, operands, keywords)
             except ValueError as error:
@@ -788,7 +795,8 @@ def _at_once_outcomes(at_once, dtype, portable=False):
                 [(r.dtype, r.shape, r.stride(), r._base is None, r.tolist()) if isinstance(r, torch.Tensor)
                  else repr(r) for r in results],
                 {nbytes: len(buffers) for nbytes, buffers in _SCRATCH.free.items()},
-                _SCRATCH.held, len(_SCRATCH.lent), all(torch.equal(a, b) for a, b in zip(before, operands)))
+                _SCRATCH.held, len(_SCRATCH.lent),
+                all(torch.equal(a, b) for a, b in zip(before, [t for t in operands if isinstance(t, torch.Tensor)])))
     return found
 
 
@@ -810,6 +818,42 @@ def test_the_compiled_one_frame_path_and_its_twin_agree_on_every_call(dtype, por
     assert results["a layer's projection"][0][0] is torch.float16
     assert results["a layer's projection"] == results["again, from the kept buffer"]
     assert results["a parameter with no kept copy"] == results["a tensor among the keywords"] == ["NotImplemented"]
+    # a convolution's sizes are values, taken; tensors in a list, at any depth, are handed on
+    assert results["a convolution's sizes"][0][0] is torch.float16
+    assert results["a convolution's sizes"] == results["its sizes among the keywords"]
+    assert results["operands in a list"] == results["operands in a list among the keywords"] == ["NotImplemented"]
     assert results["an error"] == ["ValueError('refused')"]
     assert ours["an error"][2] > 0 and ours["an error"][3] == 0      # lent, then given back
     assert all(outcome[4] for outcome in ours.values())
+
+
+@needs_compiled
+def test_the_compiled_one_frame_path_takes_a_convolution_whole():
+    """Its sizes (``stride=(2, 2)``) are values: the compiled path computes the call itself. A
+    list holding tensors (einsum's operands) goes to the Python twin."""
+    from cudashim import _speedups
+    from cudashim.patches.precision import _SCRATCH, WideningCache, _at_once, _at_once_for
+    handed = []
+
+    def python_twin(*call):
+        handed.append(call)
+        return _at_once(*call)
+    compiled = _at_once_for(_speedups, python=python_twin)
+    calls, kept = _at_once_calls()
+    cache = WideningCache()
+    for parameter in kept:
+        cache.widen(parameter, torch.bfloat16)
+    _SCRATCH.clear()
+    taken = {}
+    with torch.no_grad():
+        for what, function, operands, keywords in calls:
+            handed.clear()
+            try:
+                compiled(function, torch.bfloat16, cache, operands, keywords)
+            except ValueError:
+                pass
+            taken[what] = not handed
+    assert taken["a layer's projection"] and taken["a convolution's sizes"]
+    assert taken["its sizes among the keywords"]
+    assert not taken["operands in a list"] and not taken["operands in a list among the keywords"]
+    assert not taken["a parameter with no kept copy"]

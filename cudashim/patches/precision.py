@@ -414,9 +414,11 @@ def _at_once(original, dtype, cache, args, kwargs):
     tensor among the keywords. The same kept copies, buffers, conversions and rounding as the
     general path. Its thirty-odd frames cost a 4-block GPT generation about 40 us a call where
     the program's own products have just taken the caches, four times what they cost timed
-    alone. NotImplemented, with nothing converted, for any other call."""
+    alone. A convolution's sizes (``stride=(2, 2)``, a pooling's kernel) are values like any
+    other; a list or tuple holding a tensor (einsum's operands) is handed on. NotImplemented,
+    with nothing converted, for any other call."""
     for value in kwargs.values():
-        if isinstance(value, (torch.Tensor, list, tuple)):
+        if isinstance(value, torch.Tensor) or _holds_a_tensor(value):
             return NotImplemented
     reduced = dtype is torch.bfloat16 and native.usable()     # the compiled conversion runs
     copies, wide, plain, bases = cache.copies, list(args), [], False
@@ -433,7 +435,7 @@ def _at_once(original, dtype, cache, args, kwargs):
                 return NotImplemented
             plain.append(index)
             bases = bases or value._base is not None
-        elif isinstance(value, (torch.Tensor, list, tuple)):
+        elif isinstance(value, torch.Tensor) or _holds_a_tensor(value):
             return NotImplemented
     scratch = _SCRATCH
     lent = len(scratch.lent)
@@ -467,17 +469,23 @@ def _at_once(original, dtype, cache, args, kwargs):
     return _to_half(result, _operand_storages(wide) if reduced else None)
 
 
-def _at_once_for(compiled):
+def _holds_a_tensor(value) -> bool:
+    """Whether ``value`` is a list or tuple with a tensor among its items, at any depth."""
+    return isinstance(value, (list, tuple)) and any(
+        isinstance(item, torch.Tensor) or _holds_a_tensor(item) for item in value)
+
+
+def _at_once_for(compiled, python=_at_once):
     """``_at_once``, or its compiled twin where the fast path runs (``_speedups_at_once.c``),
     which takes the calls of one tensor and kept weights (a layer's projection) whole and
-    hands the twin the rest. torch.compile traces the twin."""
+    hands the rest to ``python`` (``_at_once``). torch.compile traces the twin."""
     if compiled is None:
-        return _at_once
+        return python
     convert = native._native.convert_reduced if native._native is not None else None
-    twin = compiled.AtOnce(_at_once, _SCRATCH, native.usable, convert, torch.get_num_threads,
+    twin = compiled.AtOnce(python, _SCRATCH, native.usable, convert, torch.get_num_threads,
                            native._CONVERSION_ELEMENTS_PER_THREAD, _to_half, torch.nn.Parameter,
                            torch.Tensor, HALF, torch.bfloat16, torch.strided)
-    return compiled_twin(twin, _at_once)
+    return compiled_twin(twin, python)
 
 
 # What a float16 call computed by a choice became, for the report.
