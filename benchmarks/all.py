@@ -191,7 +191,9 @@ def render_precision(result):
              f"generations{_of_processes(result)}, with the middle half of the per-step ratios (steps "
              f"paired by position); a target inside it is unresolved. This CPU: {result['cpu']}."]
     table = result.get("float16_matmuls")
-    if table:
+    if table and not table.get("timings"):        # float16 fast: every call as asked, nothing timed
+        lines += ["", "float16 matmuls here: as asked (float16 fast, nothing measured)."]
+    elif table:
         timings = table["timings"]
         lines += ["", f"float16 matmul table measured here: memory-bound (at most "
                   f"{table['memory_bound_rows']} rows a matrix) `{table['memory_bound']}`, compute-bound "

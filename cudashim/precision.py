@@ -3,7 +3,8 @@
 CUDA programs ask for float16 because NVIDIA GPUs compute it fast (autocast's default,
 ``model.half()``), and set the TF32 flags because TF32 makes float32 matmuls fast. Both are
 requests for speed, and on a target that computes float16 slowly (a CPU without AVX512-FP16
-or AMX-FP16 converts element by element, tens of times slower than float32) taking them
+or AMX-FP16 converts element by element, tens of times slower than float32; one with AVX512-FP16
+and not AMX-FP16 computes float16 products at float32's speed, a third of AMX-BF16's) taking them
 literally defeats them. So, by default (``amp_dtype="auto"``):
 
 - an autocast region asked for a dtype the target computes slowly runs in one it computes
@@ -187,7 +188,7 @@ class PrecisionPolicy:
     def describe(self) -> List[str]:
         """What ``cudashim doctor`` prints."""
         def speed(dtype):
-            return "fast" if self.fast.get(dtype, True) else "slow (emulated)"
+            return "fast" if self.fast.get(dtype, True) else "slow"
 
         def name(dtype):
             return "float32 (autocast off)" if dtype is None else str(dtype).replace("torch.", "")

@@ -82,9 +82,11 @@ def test_the_cpu_speed_comes_from_the_instruction_set_on_x86():
     if not hasattr(torch.cpu, "_is_avx512_bf16_supported"):
         pytest.skip("this torch has no CPU probes (the next test covers the answer without them)")
     fast, how = cpu_speed.speeds()
-    assert how == "from the CPU's instruction set"
+    assert how.startswith("from the CPU's instruction set")
     bf16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
     assert fast[BF16] == bf16
+    amx_fp16 = getattr(torch.cpu, "_is_amx_fp16_supported", lambda: False)()
+    assert fast[HALF] == amx_fp16
 
 
 def test_a_torch_without_the_cpu_probes_is_answered_by_the_cpus_flags(monkeypatch):
@@ -95,8 +97,43 @@ def test_a_torch_without_the_cpu_probes_is_answered_by_the_cpus_flags(monkeypatc
         monkeypatch.delattr(torch.cpu, probe, raising=False)
     monkeypatch.setattr(cpu_speed, "_cpu_flags", lambda: "flags\t: fpu avx2 amx_tile amx_bf16")
     assert cpu_speed._from_instruction_set() == FAST_BF16
-    monkeypatch.setattr(cpu_speed, "_cpu_flags", lambda: "flags\t: fpu avx2 avx512_fp16 avx512_bf16")
-    assert cpu_speed._from_instruction_set() == {HALF: True, BF16: True}
+    monkeypatch.setattr(cpu_speed, "_cpu_flags", lambda: "flags\t: fpu avx2 amx_tile amx_bf16 amx_fp16")
+    assert cpu_speed._from_instruction_set() == FAST_BOTH
+
+
+def test_avx512_fp16_without_amx_fp16_leaves_float16_to_the_measured_choices(monkeypatch):
+    """A Xeon with AVX512-FP16 and AMX-BF16 computes float16 products at float32's speed and a
+    third of bfloat16's: float16 is not fast there, and doctor's reason says why."""
+    from cudashim.backends import cpu_speed
+    for probe in cpu_speed._PROBES.values():
+        monkeypatch.delattr(torch.cpu, probe, raising=False)
+    monkeypatch.setattr(cpu_speed.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(cpu_speed, "_cpu_flags", lambda: "flags\t: fpu avx2 avx512_bf16 avx512_fp16 amx_tile amx_bf16")
+    cpu_speed.speeds.cache_clear()
+    try:
+        fast, how = cpu_speed.speeds()
+    finally:
+        cpu_speed.speeds.cache_clear()
+    assert fast == FAST_BF16
+    assert how == "from the CPU's instruction set: AVX512-FP16 without AMX-FP16 computes float16 " \
+                  "products at float32's speed"
+    assert _policy(fast).widens_float16 and _policy(fast).autocast_dtype(HALF) is BF16
+
+
+@pytest.mark.parametrize("float32, float16, bfloat16, expected", [
+    (1.0, 0.9, 3.0, {"float16": True, "bfloat16": False}),      # FP16 arithmetic, bfloat16 emulated
+    (1.0, 1.0, 0.3, {"float16": False, "bfloat16": True}),      # a faster bfloat16 beside float16
+    (1.0, 0.4, 0.4, {"float16": True, "bfloat16": True}),
+    (1.0, 20.0, 20.0, {"float16": False, "bfloat16": False}),
+])
+def test_the_calibration_holds_float16_against_float32_and_bfloat16(float32, float16, bfloat16, expected):
+    from cudashim.backends import cpu_speed
+
+    class Stopwatch:
+        def best_of_turns(self, *calls, turns=None):
+            assert len(calls) == 3
+            return float32, float16, bfloat16
+    assert cpu_speed._measure(Stopwatch()) == expected
 
 
 def test_elsewhere_a_calibration_runs_once_and_is_cached(monkeypatch, tmp_path, cpu_of_its_own):
@@ -1314,7 +1351,7 @@ def test_doctor_says_how_fast_each_dtype_is_and_what_requests_become(profile):
     assert result.returncode == 0, result.stdout + result.stderr
     from cudashim.backends import cpu_speed
     fast, _ = cpu_speed.speeds(profile)
-    speed = {True: "fast", False: "slow (emulated)"}
+    speed = {True: "fast", False: "slow"}
     assert f"float16: {speed[fast[HALF]]}, bfloat16: {speed[fast[BF16]]}" in result.stdout
     assert "CUDA autocast: float16 runs in float16, bfloat16 in bfloat16 (--amp-dtype as-asked; " \
         "also autocast on 'cpu' itself)" in result.stdout
