@@ -198,9 +198,11 @@ def render_precision(result):
         lines += ["", f"float16 matmul table measured here: memory-bound (at most "
                   f"{table['memory_bound_rows']} rows a matrix) `{table['memory_bound']}`, compute-bound "
                   f"`{table['compute_bound']}`; at {timings['memory-bound']['rows']} rows: " +
-                  ", ".join(f"{c} {ms(timings['memory-bound'][c])}" for c in ("as-asked", "bfloat16", "float32")) +
+                  ", ".join(f"{c} {ms(timings['memory-bound'][c])}" for c in ("as-asked", "bfloat16", "float32")
+                            if c in timings['memory-bound']) +
                   f"; at {timings['compute-bound']['rows']} rows: " +
-                  ", ".join(f"{c} {ms(timings['compute-bound'][c])}" for c in ("as-asked", "bfloat16", "float32")) + "."]
+                  ", ".join(f"{c} {ms(timings['compute-bound'][c])}" for c in ("as-asked", "bfloat16", "float32")
+                            if c in timings['compute-bound']) + "."]
     ops = result.get("float16_ops")
     if ops:
         def timed(choice):

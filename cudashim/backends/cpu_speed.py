@@ -286,12 +286,26 @@ def _converted_into(tensor, buffer):
 def _time_choices(stopwatch: Stopwatch, rows: int, choices, passes: int = 1,
                   call=None) -> Dict[str, float]:
     """The best milliseconds of each choice at ``rows`` rows over ``passes`` passes, the choices
-    taking turns in each. ``call``: what builds a call of a choice (``_choice_call``)."""
-    calls = [(call or _choice_call)(rows, choice) for choice in choices]
+    taking turns in each. ``call``: what builds a call of a choice (``_choice_call``). A choice
+    torch cannot compute here is left out, and never chosen."""
+    calls = {choice: (call or _choice_call)(rows, choice) for choice in choices}
+    calls = {choice: built for choice, built in calls.items() if _runs(choice, built)}
     best = [float("inf")] * len(calls)
     for _ in range(passes):
-        best = [min(pair) for pair in zip(best, stopwatch.best_of_turns(*calls))]
-    return dict(zip(choices, best))
+        best = [min(pair) for pair in zip(best, stopwatch.best_of_turns(*calls.values()))]
+    return dict(zip(calls, best))
+
+
+def _runs(choice: str, call) -> bool:
+    """Whether ``call`` runs. torch's kernels pinned below what the CPU has can refuse a dtype:
+    with ``ATEN_CPU_CAPABILITY=default`` on a CPU with AMX, torch 2.13's bfloat16 attention
+    raises "pack_vnni2 is only supported when avx512 is supported"."""
+    try:
+        call()
+    except RuntimeError as exc:
+        log.info("cudashim: %s does not run here, so it is not among the choices (%s)", choice, exc)
+        return False
+    return True
 
 
 # The two shape classes are each timed in this many passes, each choice's best over them
@@ -316,7 +330,8 @@ def _fastest(times: Dict[str, float]) -> str:
     from ..precision import AS_ASKED, BFLOAT16, FLOAT32
     times = _in_a_program(times)
     best = min(times.values())
-    return next(choice for choice in (FLOAT32, AS_ASKED, BFLOAT16) if times[choice] <= best * _PREFER_WITHIN)
+    return next(choice for choice in (FLOAT32, AS_ASKED, BFLOAT16)
+                if choice in times and times[choice] <= best * _PREFER_WITHIN)
 
 
 def _measure_matmuls(stopwatch: Stopwatch) -> dict:
