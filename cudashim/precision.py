@@ -61,7 +61,8 @@ class MatmulChoices(NamedTuple):
     compute_bound: str
     memory_bound_rows: int              # a product of at most this many rows a matrix is memory-bound
     how_known: str
-    # What the choices were measured from: {shape class: {choice: ms, "rows": rows}}
+    # What the choices were measured from: {shape class: {choice: ms, "rows": rows}}, and for a
+    # class timed on weights streamed from memory, "streamed": how many.
     timings: Mapping[str, Mapping[str, float]] = types.MappingProxyType({})
     # Attention's own choices (scaled_dot_product_attention, measured on its own shapes: a
     # decoding step is one query over a cache, a prefill as many queries as positions); None:
@@ -218,9 +219,9 @@ class PrecisionPolicy:
             times = choices.timings.get(shape_class)
             if not times:
                 return ""
-            rows = times.get("rows")
+            streamed = f", each weight read among {times['streamed']}" if "streamed" in times else ""
             return " [" + ", ".join(f"{choice} {ms:.3g} ms" for choice, ms in times.items()
-                                    if choice != "rows") + f" at {rows} rows]"
+                                    if choice in described) + f" at {times.get('rows')} rows{streamed}]"
         lines = [f"explicit float16 matmuls ({choices.how_known}):",
                  f"  memory-bound (at most {choices.memory_bound_rows} rows a matrix): "
                  f"{described[choices.memory_bound]}{measured(choices, 'memory-bound')}",

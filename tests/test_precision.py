@@ -1146,7 +1146,8 @@ def test_a_converting_choice_must_win_by_more_than_a_converting_call_costs():
     def timed_in_turns(*calls, turns=7):
         rows = len(calls) and timed_in_turns.rows.pop(0)
         scale = {2: 0.02, 4: 0.02}.get(rows, rows * 0.01)     # float16's time grows with the rows
-        return [{AS_ASKED: 0.08 + scale, BFLOAT16: 0.06 + scale / 10, FLOAT32: 0.1 + scale / 5}[c]
+        products = getattr(calls[0], "products", 1)          # a pass over weights streamed: a time each
+        return [products * {AS_ASKED: 0.08 + scale, BFLOAT16: 0.06 + scale / 10, FLOAT32: 0.1 + scale / 5}[c]
                 for c in timed_in_turns.order[len(calls)]]
     passes = cpu_speed._MATMUL_PASSES
     timed_in_turns.rows = [2] * passes + [256] * passes + [4, 8, 16, 32, 64, 128]
@@ -1155,6 +1156,78 @@ def test_a_converting_choice_must_win_by_more_than_a_converting_call_costs():
     assert (measured["memory_bound"], measured["compute_bound"]) == (AS_ASKED, BFLOAT16)
     # At 4 rows bfloat16 is timed 0.04 ms faster, at 8 0.07 ms: as asked up to 4.
     assert measured["memory_bound_rows"] == 4 and cpu_speed._CONVERTING_CALL_MS >= 0.05
+
+
+def test_decoding_products_are_timed_on_weights_streamed_past_the_last_level_cache(tmp_path, monkeypatch):
+    """The memory-bound class is timed as a decoder reads its weights, each once a pass, from a
+    set holding more float32 than the cache a core reads through (sysfs says how large; 32 MiB
+    where it does not; at most 256 MiB): per product, the pass's time divided by its products."""
+    from cudashim.backends import cpu_speed
+    from cudashim.precision import AS_ASKED, BFLOAT16, FLOAT32
+    for level, size in enumerate(("48K", "2048K", "107520K")):
+        (tmp_path / f"index{level}").mkdir()
+        (tmp_path / f"index{level}" / "size").write_text(size + "\n")
+    (tmp_path / "index9").mkdir()                           # a cache that says nothing
+    monkeypatch.setattr(cpu_speed, "_CACHES", tmp_path)
+    assert cpu_speed._last_level_cache_bytes() == 107520 * 2**10
+    block_bytes = 4 * sum(out * into for out, into in cpu_speed._BLOCK_SHAPES)
+    assert cpu_speed._streamed_blocks() == 3 and 3 * block_bytes > 107520 * 2**10 > 2 * block_bytes
+    (tmp_path / "index3").mkdir()
+    (tmp_path / "index3" / "size").write_text("1152M\n")    # a stacked cache: the set stays bounded
+    assert cpu_speed._last_level_cache_bytes() == cpu_speed._LARGEST_CACHE == 256 * 2**20
+    monkeypatch.setattr(cpu_speed, "_CACHES", tmp_path / "absent")
+    assert cpu_speed._last_level_cache_bytes() == 32 * 2**20 and cpu_speed._streamed_blocks() == 1
+
+    passes = []
+
+    def timed_in_turns(*calls, turns=7):
+        passes.append([getattr(call, "products", 1) for call in calls])
+        return [40.0, 20.0, 30.0]
+    measured = cpu_speed._measure_matmuls(TimedAs(timed_in_turns))
+    assert passes[0] == [4, 4, 4] and passes[-1] == [1, 1, 1]   # the compute-bound class: one weight
+    assert measured["timings"]["memory-bound"] == {AS_ASKED: 10.0, BFLOAT16: 5.0, FLOAT32: 7.5, "rows": 2,
+                                                   "streamed": "24 MB of float16 weights"}
+    for choice in (AS_ASKED, BFLOAT16, FLOAT32):                  # each choice's pass runs here
+        streamed = cpu_speed._streamed_call(2, choice)
+        assert streamed.products == 4 and streamed() is None
+
+
+def test_a_decoding_choice_that_keeps_a_second_copy_of_every_weight_must_win_by_more():
+    """A float32 decoding beside a bfloat16 prefill keeps a float32 copy of each weight beside the
+    bfloat16 one: timed 5% faster than bfloat16 per product it is not chosen; 30% faster, it is.
+    Attention keeps no weights, so its choices are timed as they run."""
+    from cudashim.backends import cpu_speed
+    from cudashim.precision import AS_ASKED, BFLOAT16, FLOAT32
+
+    def table(float32_at_two_rows):
+        def timed_in_turns(*calls, turns=7):
+            products = getattr(calls[0], "products", 1)
+            if products > 1:                                # the memory-bound class, or the boundary
+                times = {AS_ASKED: 2.0, BFLOAT16: 1.0, FLOAT32: float32_at_two_rows}
+                return [products * times[choice] for choice in timed_in_turns.order(len(calls))]
+            return [4.0, 1.0, 3.0]                          # the compute-bound class: bfloat16
+        timed_in_turns.order = lambda n: (AS_ASKED, BFLOAT16, FLOAT32) if n == 3 else (FLOAT32, BFLOAT16)
+        return cpu_speed._measure_classes(TimedAs(timed_in_turns), cpu_speed._choice_call,
+                                          streamed=lambda rows, choice: _Passing(products=4))
+
+    nearly = table(0.95)
+    assert (nearly["memory_bound"], nearly["compute_bound"]) == (BFLOAT16, BFLOAT16)
+    assert nearly["memory_bound_rows"] == cpu_speed._COMPUTE_BOUND_ROWS
+    clearly = table(0.65)
+    assert (clearly["memory_bound"], clearly["compute_bound"]) == (FLOAT32, BFLOAT16)
+    # without weights to keep, float32 5% faster is chosen: the more precise within the margin
+    assert cpu_speed._fastest({AS_ASKED: 2.0, BFLOAT16: 1.0, FLOAT32: 0.95}) == FLOAT32
+    assert cpu_speed._fastest({AS_ASKED: 2.0, BFLOAT16: 1.0, FLOAT32: 0.95}, BFLOAT16) == BFLOAT16
+
+
+class _Passing:
+    """A call of ``products`` products that computes nothing."""
+
+    def __init__(self, products):
+        self.products = products
+
+    def __call__(self):
+        return None
 
 
 def test_a_stall_through_one_pass_over_a_matmul_shape_class_does_not_decide_its_choice():

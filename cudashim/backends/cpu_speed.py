@@ -19,7 +19,11 @@ not cached (``timing``): the next process times it again.
 Where float16 is slow, what explicit float16 matmuls compute in is measured too
 (``matmul_choices``): each shape class timed in float16 as asked, in bfloat16 and in float32
 (weights converted once, as the policy keeps them), once per CPU, thread count and torch
-version, cached beside the speeds. Attention (``scaled_dot_product_attention``) is timed on
+version, cached beside the speeds. The memory-bound class (decoding) is timed as a decoder
+reads its weights: each product on a weight of its own, from a set of decoder blocks larger than
+the last-level cache, as a model's layers are read once a token (``_streamed_call``); its choice
+weighs a second kept copy of each weight against a choice other than the compute-bound
+class's (``_SECOND_COPY``). Attention (``scaled_dot_product_attention``) is timed on
 its own shapes, as a decoding step and as a prefill, its operands converted on every call: it
 has no weights to keep, and torch's CPU kernels for it are not its products' (in float16 and
 bfloat16 they took 5 to 10 times float32's time for one query over a cache on an AVX-512 BF16
@@ -177,6 +181,14 @@ _PREFER_WITHIN = 1.05            # a more precise choice this close to the faste
 # decoding step of 1024-wide layers, 2 rows, took 55 us a call more computed in bfloat16 than as
 # asked on an AVX-512 BF16 EPYC, where the table timed bfloat16 20 us faster (0.06 against 0.08 ms).
 _CONVERTING_CALL_MS = 0.05
+# What a second kept copy of every weight costs a memory-bound call, as a factor of its time: a
+# choice for decoding that converts into another dtype than the compute-bound class's keeps a copy
+# of each weight beside that class's (a prefill's), and a model's weights, read once a token, then
+# share the caches with twice as much. On a Xeon with AMX-BF16 and a 105 MB cache, a decoder of
+# 1024-wide blocks (benchmarks/programs/decode.py) that decoded in float32 beside its prefill's
+# bfloat16 copies ran 1.21 to 1.32 times its bfloat16 port, decoding in bfloat16 1.10 to 1.11,
+# where the table timed the two products within 8% of each other, the faster either.
+_SECOND_COPY = 1.15
 
 
 @functools.lru_cache(maxsize=None)
@@ -198,7 +210,10 @@ def matmul_choices(profile: str = MEASURED):
     key = (f"{_cpu_model()} [{_flags_key()}], {_kernels()} kernels, "
            f"{torch.get_num_threads()} threads, torch {torch.__version__}, {_MATMUL_PASSES} passes, "
            f"{_CONVERTING_CALL_MS} ms a converting call, {UNSTALLED}")
-    cached, kept = _cached(cache_file("float16-matmuls.json"), key, _measure_matmuls)
+    # the memory-bound class's weights streamed: an answer timed on one weight kept in the cache
+    # is timed again
+    matmul_key = f"{key}, memory-bound over {_streamed_blocks()} decoder blocks of {_WIDTH}"
+    cached, kept = _cached(cache_file("float16-matmuls.json"), matmul_key, _measure_matmuls)
     how_known = f"measured on this CPU, {torch.get_num_threads()} threads; {kept}"
     attention, kept = _cached(cache_file("float16-attention.json"), key, _measure_attention)
     return MatmulChoices(cached["memory_bound"], cached["compute_bound"], cached["memory_bound_rows"],
@@ -225,6 +240,68 @@ def _flags_key() -> str:
     have = set(_cpu_flags().split())
     return " ".join(f for f in ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16",
                                 "amx_bf16", "amx_fp16") if f in have)
+
+
+def _last_level_cache_bytes() -> int:
+    """The size of the largest cache one core reads through (sysfs; ``_ASSUMED_CACHE`` where the
+    system does not say), at most ``_LARGEST_CACHE``."""
+    largest = 0
+    for index in _CACHES.glob("index*"):
+        try:
+            size = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(size[-1:].upper(), 1)
+        digits = size.rstrip("KMGkmg")
+        if digits.isdigit():
+            largest = max(largest, int(digits) * scale)
+    return min(largest or _ASSUMED_CACHE, _LARGEST_CACHE)
+
+
+# The memory-bound class's set of weights: decoder blocks of _WIDTH (a fused query/key/value
+# projection, the output projection, the MLP's up and down ones), as many as hold more float32
+# than the last-level cache. A decoder's weights are read once a token, from memory, where a
+# single weight timed again and again stays in the cache: on a Xeon with a 105 MB cache, a
+# 1024 x 1024 weight read that way took 0.12 ms in float32 and 0.19 in bfloat16 (2 rows), read
+# among 96 to 288 MB of others 0.23 to 0.25 in both; a decoder's prefill then kept bfloat16
+# copies and its decoding float32 ones beside them, three times its float16 weights.
+_BLOCK_SHAPES = ((3 * _WIDTH, _WIDTH), (_WIDTH, _WIDTH), (4 * _WIDTH, _WIDTH), (_WIDTH, 4 * _WIDTH))
+_CACHES = Path("/sys/devices/system/cpu/cpu0/cache")      # index0 ... with a "size" each: "107520K"
+_ASSUMED_CACHE = 32 * 2**20
+_LARGEST_CACHE = 256 * 2**20     # the transient set: at most twice this in float32, once in each other
+
+
+def _streamed_blocks() -> int:
+    """How many decoder blocks the memory-bound class's weights hold (float32 beyond the cache)."""
+    block_bytes = 4 * sum(out * into for out, into in _BLOCK_SHAPES)
+    return -(-_last_level_cache_bytes() // block_bytes)
+
+
+def _streamed_call(rows: int, choice: str):
+    """A pass of ``rows`` float16 rows through ``_streamed_blocks()`` decoder blocks, each product
+    computed as ``choice`` does (weights converted beforehand, as they are kept; the rows on every
+    call). Its ``products``: how many products a pass computes, which its time is divided by."""
+    from ..precision import AS_ASKED, BFLOAT16
+    linear = torch._C._nn.linear
+    numbers = torch.Generator().manual_seed(0)
+    block = [torch.randn(shape, generator=numbers).half() for shape in _BLOCK_SHAPES]
+    x = torch.randn(rows, 4 * _WIDTH, generator=numbers).half()
+    inputs = [x[:, :weight.shape[1]].contiguous() for weight in block] * _streamed_blocks()
+    if choice == AS_ASKED:
+        weights = [weight.clone() for _ in range(_streamed_blocks()) for weight in block]
+
+        def streamed():
+            for weight, rows_in in zip(weights, inputs):
+                linear(rows_in, weight)
+    else:
+        dtype = torch.bfloat16 if choice == BFLOAT16 else torch.float32
+        weights = [weight.to(dtype) for _ in range(_streamed_blocks()) for weight in block]
+
+        def streamed():
+            for weight, rows_in in zip(weights, inputs):
+                linear(rows_in.to(dtype), weight).half()
+    streamed.products = len(weights)
+    return streamed
 
 
 def _choice_call(rows: int, choice: str):
@@ -293,7 +370,8 @@ def _time_choices(stopwatch: Stopwatch, rows: int, choices, passes: int = 1,
     best = [float("inf")] * len(calls)
     for _ in range(passes):
         best = [min(pair) for pair in zip(best, stopwatch.best_of_turns(*calls.values()))]
-    return dict(zip(calls, best))
+    # a call of several products (``_streamed_call``): the time of one
+    return {choice: time / getattr(built, "products", 1) for (choice, built), time in zip(calls.items(), best)}
 
 
 def _runs(choice: str, call) -> bool:
@@ -317,47 +395,64 @@ def _runs(choice: str, call) -> bool:
 _MATMUL_PASSES = 2
 
 
-def _in_a_program(times: Dict[str, float]) -> Dict[str, float]:
+def _in_a_program(times: Dict[str, float], copies_kept: str = None) -> Dict[str, float]:
     """The times a call of each choice takes in a program: a converting one costs
-    ``_CONVERTING_CALL_MS`` more than timed."""
+    ``_CONVERTING_CALL_MS`` more than timed. ``copies_kept``: the choice whose copies of the
+    weights the program keeps anyway (the compute-bound class's); another converting choice
+    keeps a second copy of every weight, and counts ``_SECOND_COPY`` times its time."""
     from ..precision import AS_ASKED
-    return {choice: time if choice == AS_ASKED else time + _CONVERTING_CALL_MS
-            for choice, time in times.items()}
+    in_a_program = {}
+    for choice, time in times.items():
+        if choice != AS_ASKED:
+            time += _CONVERTING_CALL_MS
+            if copies_kept is not None and choice != copies_kept:
+                time *= _SECOND_COPY
+        in_a_program[choice] = time
+    return in_a_program
 
 
-def _fastest(times: Dict[str, float]) -> str:
-    """The fastest choice in a program, unless a more precise one is within _PREFER_WITHIN of it."""
+def _fastest(times: Dict[str, float], copies_kept: str = None) -> str:
+    """The fastest choice in a program (``_in_a_program``), unless a more precise one is within
+    _PREFER_WITHIN of it."""
     from ..precision import AS_ASKED, BFLOAT16, FLOAT32
-    times = _in_a_program(times)
+    times = _in_a_program(times, copies_kept)
     best = min(times.values())
     return next(choice for choice in (FLOAT32, AS_ASKED, BFLOAT16)
                 if choice in times and times[choice] <= best * _PREFER_WITHIN)
 
 
 def _measure_matmuls(stopwatch: Stopwatch) -> dict:
-    return _measure_classes(stopwatch, _choice_call)
+    measured = _measure_classes(stopwatch, _choice_call, streamed=_streamed_call)
+    weights = _streamed_blocks() * sum(out * into for out, into in _BLOCK_SHAPES)
+    measured["timings"]["memory-bound"]["streamed"] = f"{weights * 2 / 2**20:.0f} MB of float16 weights"
+    return measured
 
 
 def _measure_attention(stopwatch: Stopwatch) -> dict:
     return _measure_classes(stopwatch, _attention_call)
 
 
-def _measure_classes(stopwatch: Stopwatch, call) -> dict:
+def _measure_classes(stopwatch: Stopwatch, call, streamed=None) -> dict:
     """Both shape classes of the calls ``call`` builds timed in each choice, and the boundary
-    between them."""
+    between them. ``streamed``: what builds the memory-bound class's calls instead, from weights
+    the choices keep copies of (the products'): a choice there that keeps copies other than the
+    compute-bound class's keeps a second copy of each weight, which counts against it."""
     from ..precision import AS_ASKED, BFLOAT16, FLOAT32
     choices = (AS_ASKED, BFLOAT16, FLOAT32)
+    memory_call = streamed or call
     with torch.no_grad():
-        memory = _time_choices(stopwatch, _MEMORY_BOUND_ROWS, choices, _MATMUL_PASSES, call)
+        memory = _time_choices(stopwatch, _MEMORY_BOUND_ROWS, choices, _MATMUL_PASSES, memory_call)
         compute = _time_choices(stopwatch, _COMPUTE_BOUND_ROWS, choices, _MATMUL_PASSES, call)
-        memory_choice, compute_choice = _fastest(memory), _fastest(compute)
+        compute_choice = _fastest(compute)
+        copies_kept = compute_choice if streamed else None
+        memory_choice = _fastest(memory, copies_kept)
         # Where the classes differ, the memory-bound choice holds up to the largest row count
         # (doubling from the decoding batch) at which it still beats the compute-bound one.
         rows = _MEMORY_BOUND_ROWS
         if memory_choice != compute_choice:
             while rows * 2 < _COMPUTE_BOUND_ROWS:
                 times = _in_a_program(_time_choices(stopwatch, rows * 2, (memory_choice, compute_choice),
-                                                    call=call))
+                                                    call=memory_call), copies_kept)
                 if times[memory_choice] >= times[compute_choice]:
                     break
                 rows *= 2
