@@ -272,9 +272,15 @@ _LARGEST_CACHE = 256 * 2**20     # the transient set: at most twice this in floa
 
 
 def _streamed_blocks() -> int:
-    """How many decoder blocks the memory-bound class's weights hold (float32 beyond the cache)."""
-    block_bytes = 4 * sum(out * into for out, into in _BLOCK_SHAPES)
-    return -(-_last_level_cache_bytes() // block_bytes)
+    """How many decoder blocks the memory-bound class's weights hold: float32 beyond the cache,
+    while the three choices' sets (8 bytes a weight) take at most a sixteenth of the memory."""
+    weights = sum(out * into for out, into in _BLOCK_SHAPES)
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):       # no sysconf (Windows): as much as the cache asks
+        memory = None
+    blocks = -(-_last_level_cache_bytes() // (4 * weights))
+    return blocks if memory is None else max(1, min(blocks, memory // 16 // (8 * weights)))
 
 
 def _streamed_call(rows: int, choice: str):
