@@ -264,7 +264,7 @@ def _last_level_cache_bytes() -> int:
 # single weight timed again and again stays in the cache: on a Xeon with a 105 MB cache, a
 # 1024 x 1024 weight read that way took 0.12 ms in float32 and 0.19 in bfloat16 (2 rows), read
 # among 96 to 288 MB of others 0.23 to 0.25 in both; a decoder's prefill then kept bfloat16
-# copies and its decoding float32 ones beside them, three times its float16 weights.
+# copies and its decoding float32 ones beside them, together three times its float16 weights.
 _BLOCK_SHAPES = ((3 * _WIDTH, _WIDTH), (_WIDTH, _WIDTH), (4 * _WIDTH, _WIDTH), (_WIDTH, 4 * _WIDTH))
 _CACHES = Path("/sys/devices/system/cpu/cpu0/cache")      # index0 ... with a "size" each: "107520K"
 _ASSUMED_CACHE = 32 * 2**20
@@ -292,16 +292,17 @@ def _streamed_call(rows: int, choice: str):
     numbers = torch.Generator().manual_seed(0)
     block = [torch.randn(shape, generator=numbers).half() for shape in _BLOCK_SHAPES]
     x = torch.randn(rows, 4 * _WIDTH, generator=numbers).half()
-    inputs = [x[:, :weight.shape[1]].contiguous() for weight in block] * _streamed_blocks()
+    blocks = _streamed_blocks()
+    inputs = [x[:, :weight.shape[1]].contiguous() for weight in block] * blocks
     if choice == AS_ASKED:
-        weights = [weight.clone() for _ in range(_streamed_blocks()) for weight in block]
+        weights = [weight.clone() for _ in range(blocks) for weight in block]
 
         def streamed():
             for weight, rows_in in zip(weights, inputs):
                 linear(rows_in, weight)
     else:
         dtype = torch.bfloat16 if choice == BFLOAT16 else torch.float32
-        weights = [weight.to(dtype) for _ in range(_streamed_blocks()) for weight in block]
+        weights = [weight.to(dtype) for _ in range(blocks) for weight in block]
 
         def streamed():
             for weight, rows_in in zip(weights, inputs):
