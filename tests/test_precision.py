@@ -1161,8 +1161,8 @@ def test_a_converting_choice_must_win_by_more_than_a_converting_call_costs():
 def test_decoding_products_are_timed_on_weights_streamed_past_the_last_level_cache(tmp_path, monkeypatch):
     """The memory-bound class is timed as a decoder reads its weights, each once a pass, from a
     set holding more float32 than the cache a core reads through (sysfs says how large; 32 MiB
-    where it does not; at most 256 MiB; the three choices' sets within a sixteenth of the memory):
-    per product, the pass's time divided by its products."""
+    where it does not; at most 256 MiB; the three choices' sets within a thirty-second of the
+    memory): per product, the pass's time divided by its products."""
     from cudashim.backends import cpu_speed
     from cudashim.precision import AS_ASKED, BFLOAT16, FLOAT32
     for level, size in enumerate(("48K", "2048K", "107520K")):
@@ -1179,6 +1179,8 @@ def test_decoding_products_are_timed_on_weights_streamed_past_the_last_level_cac
     pages = {"SC_PHYS_PAGES": 2**30 // 4096, "SC_PAGE_SIZE": 4096}         # a machine of 1 GiB: at most
     monkeypatch.setattr(cpu_speed.os, "sysconf", pages.get)                # one block, whatever its cache
     assert cpu_speed._streamed_blocks() == 1
+    pages["SC_PHYS_PAGES"] = 16 * 2**30 // 4096          # 16 GiB: 512 MiB, five blocks of the six
+    assert cpu_speed._streamed_blocks() == 5
     monkeypatch.undo()
     monkeypatch.setattr(cpu_speed, "_CACHES", tmp_path / "absent")
     assert cpu_speed._last_level_cache_bytes() == 32 * 2**20 and cpu_speed._streamed_blocks() == 1

@@ -273,14 +273,15 @@ _LARGEST_CACHE = 256 * 2**20     # the transient set: at most twice this in floa
 
 def _streamed_blocks() -> int:
     """How many decoder blocks the memory-bound class's weights hold: float32 beyond the cache,
-    while the three choices' sets (8 bytes a weight) take at most a sixteenth of the memory."""
+    while the three choices' sets (8 bytes a weight) take at most a thirty-second of the memory
+    (every rank of a job on a fresh machine times them at once)."""
     weights = sum(out * into for out, into in _BLOCK_SHAPES)
     try:
         memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (AttributeError, ValueError, OSError):       # no sysconf (Windows): as much as the cache asks
         memory = None
     blocks = -(-_last_level_cache_bytes() // (4 * weights))
-    return blocks if memory is None else max(1, min(blocks, memory // 16 // (8 * weights)))
+    return blocks if memory is None else max(1, min(blocks, memory // 32 // (8 * weights)))
 
 
 def _streamed_call(rows: int, choice: str):
@@ -378,7 +379,8 @@ def _time_choices(stopwatch: Stopwatch, rows: int, choices, passes: int = 1,
     for _ in range(passes):
         best = [min(pair) for pair in zip(best, stopwatch.best_of_turns(*calls.values()))]
     # a call of several products (``_streamed_call``): the time of one
-    return {choice: time / getattr(built, "products", 1) for (choice, built), time in zip(calls.items(), best)}
+    return {choice: time / getattr(built, "products", 1)
+            for (choice, built), time in zip(calls.items(), best)}
 
 
 def _runs(choice: str, call) -> bool:
