@@ -37,7 +37,7 @@ typedef struct {
 static PyObject *s_copies, *s_version, *s_untyped_storage, *s_data_ptr, *s_is_cpu, *s_is_nested,
     *s_layout, *s_base, *s_is_contiguous, *s_numel, *s_size, *s_stride, *s_dtype, *s_copy_,
     *s_float, *s_view, *s_nbytes, *s_free, *s_lent, *s_held, *s_budget, *s_borrowed,
-    *s_given_back, *s_within_budget, *s_itemsize, *s_storage_offset, *s_as_strided;
+    *s_given_back, *s_within_budget, *s_itemsize, *s_storage_offset, *s_as_strided, *s_is_mkldnn;
 
 static int init_names(void)
 {
@@ -51,6 +51,7 @@ static int init_names(void)
         {&s_borrowed, "_borrowed"}, {&s_given_back, "given_back"},
         {&s_within_budget, "_within_budget"}, {&s_itemsize, "itemsize"},
         {&s_storage_offset, "storage_offset"}, {&s_as_strided, "as_strided"},
+        {&s_is_mkldnn, "is_mkldnn"},
     };
     size_t i;
     for (i = 0; i < sizeof(names) / sizeof(names[0]); i++)
@@ -476,7 +477,14 @@ static PyObject *to_half(AtOnceObject *self, PyObject *result, PyObject *const *
     if ((operands = PySet_New(NULL)) == NULL)
         return NULL;
     for (i = 0; i < n; i++) {
+        int packed;
         if (!PyObject_TypeCheck(wide[i], (PyTypeObject *)self->tensor))
+            continue;
+        /* a weight packed for oneDNN holds no memory a result could share, and asking for its
+           storage raises, at the cost of a C++ exception's stack trace */
+        if ((packed = attribute_true(wide[i], s_is_mkldnn)) < 0)
+            goto failed;
+        if (packed)
             continue;
         if ((where = storage_address(wide[i])) < -1)
             goto failed;

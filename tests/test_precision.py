@@ -555,6 +555,123 @@ def test_a_layer_called_again_uses_its_kept_copy_only_while_the_weight_is_unchan
     assert _counted("torch.nn.functional.linear") == f"float16 computed in {computed_in.split(',')[0]}"
 
 
+def _packing_counted(monkeypatch):
+    """Counts of the policy's calls into ``kernels.packed_linear`` (weights packed, products on
+    packed weights), and where each product's bfloat16 result lies (``counts.results_at``). Skips
+    where packing does not run here, saying why."""
+    from cudashim.kernels import packed_linear
+    reason = packed_linear.unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    counts = _Counts(packed=0, computed=0)
+    pack, linear = packed_linear.pack, packed_linear.linear
+
+    def packing(weight):
+        counts["packed"] += 1
+        return pack(weight)
+
+    def computing(*args):
+        counts["computed"] += 1
+        result = linear(*args)
+        counts.results_at.append(result.data_ptr())
+        return result
+    monkeypatch.setattr(packed_linear, "pack", packing)
+    monkeypatch.setattr(packed_linear, "linear", computing)
+    return counts
+
+
+class _Counts(dict):
+    results_at: list
+
+    def __init__(self, **counts):
+        super().__init__(**counts)
+        self.results_at = []
+
+
+def test_a_linear_layer_in_bfloat16_packs_its_kept_weight_once_and_holds_no_plain_copy(speeds, monkeypatch):
+    """Under no_grad a float16 linear layer computed in bfloat16 reads its weight packed for
+    oneDNN: packed at the first call and kept, in place of the plain bfloat16 copy, and packed
+    again only once the weight has changed. Each result is torch's bfloat16 linear rounded to
+    float16, in memory of its own; the compiled path and its Python twin take the same calls."""
+    import gc
+    from cudashim.kernels import native
+    from cudashim.patches import precision
+    from cudashim.patches.precision import WideningCache
+    counts = _packing_counted(monkeypatch)
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 32).half().eval()
+    x = torch.randn(4, 16, 64).half()
+    by_hand = lambda: _by_hand_in_bfloat16(F.linear, x, layer.weight, layer.bias)   # noqa: E731
+    _bfloat16_products(speeds)
+    with torch.no_grad():
+        results = [layer(x) for _ in range(3)]
+        assert counts == {"packed": 1, "computed": 3}
+        for result in results:
+            assert result.dtype == HALF and torch.equal(result, by_hand()) and result._base is None
+        if native.usable():           # each rounded where its product lay: no second buffer
+            assert [result.data_ptr() for result in results] == counts.results_at
+        assert len({result.data_ptr() for result in results}) == 3
+        cache = next(found for found in gc.get_objects() if isinstance(found, WideningCache))
+        weight_key, bias_key = (id(layer.weight), BF16), (id(layer.bias), BF16)
+        assert cache.packed.copies[weight_key][3].is_mkldnn and weight_key not in cache.copies
+        assert cache.packed.copies[bias_key][3].dtype == BF16     # the bias: a plain copy
+        twins = precision._at_once(precision._packed_linear, BF16, cache.packed,
+                                   (x, layer.weight, layer.bias), {})   # the compiled path's twin
+        assert torch.equal(twins, results[0]) and counts["packed"] == 1
+        if native.usable():
+            assert twins.data_ptr() == counts.results_at[-1]
+        layer.weight.mul_(2)                                      # its version moves
+        assert torch.equal(layer(x), by_hand()) and counts["packed"] == 2
+        assert F.linear(x, layer.weight, bias=layer.bias).dtype == HALF    # a keyword: Python's path
+        assert counts == {"packed": 2, "computed": 6}
+    assert _counted("torch.nn.functional.linear") == "float16 computed in bfloat16"
+
+
+def test_a_linear_layer_is_not_packed_where_a_gradient_is_recorded_or_onednn_is_off(speeds, monkeypatch):
+    """Training records a gradient through the weight: torch's own bfloat16 linear, which
+    autograd knows. A program that turned oneDNN off, or a torch that cannot pack, keeps its
+    plain bfloat16 copy. The results are the same."""
+    from cudashim.kernels import packed_linear
+    counts = _packing_counted(monkeypatch)
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 32).half()
+    x = torch.randn(4, 16, 64).half()
+    expected = _by_hand_in_bfloat16(F.linear, x, layer.weight, layer.bias)
+    _bfloat16_products(speeds)
+    trained = layer(x)
+    assert trained.grad_fn is not None and torch.equal(trained.detach(), expected)
+    with torch.no_grad(), torch.backends.mkldnn.flags(enabled=False):
+        assert torch.equal(layer(x), expected)
+    assert counts == {"packed": 0, "computed": 0}
+    monkeypatch.setattr(packed_linear, "unavailable", lambda: "this torch cannot pack")
+    with torch.no_grad():
+        assert torch.equal(layer(x), expected) and torch.equal(layer(x), expected)
+    assert counts == {"packed": 0, "computed": 0}
+
+
+def test_a_packed_weight_is_kept_within_the_budget_in_place_of_its_plain_copy(monkeypatch):
+    """The packed copy counts against the copies' budget, replaces a plain bfloat16 copy of the
+    same weight, goes with the weight, and is dropped with its other copies. Past the budget
+    nothing is packed: packing on every call would cost more than it saves. (A stand-in packs:
+    the bookkeeping is the cache's on every host.)"""
+    from cudashim.kernels import packed_linear
+    from cudashim.patches.precision import WideningCache
+    monkeypatch.setattr(packed_linear, "pack", lambda weight: weight.clone())
+    cache = WideningCache(budget_bytes=100 * 2)               # room for 100 bfloat16 numbers
+    weight, other = (torch.nn.Parameter(torch.ones(n, 8).half(), requires_grad=False) for n in (8, 6))
+    plain = cache.widen(weight, BF16)
+    assert cache.held == 64 * 2
+    packed = cache.packed_weight(weight)
+    assert cache.packed_weight(weight) is packed and packed is not plain and torch.equal(packed, plain)
+    assert (id(weight), BF16) not in cache.copies and cache.held == 64 * 2
+    assert cache.packed_weight(other) is None and cache.held == 64 * 2      # 48 more: past the budget
+    cache.drop(weight)
+    assert not cache.packed.copies and cache.held == 0
+    assert cache.packed_weight(other) is not None and cache.held == 48 * 2
+    del other
+    assert cache.held == 0 and not cache.packed.copies
+
+
 def test_a_tensor_is_dense_in_any_order_of_its_dimensions_and_staged_as_empty_like_lays_it_out():
     """The compiled conversion takes a tensor whose elements fill its memory in any order of
     its dimensions; one with gaps or overlaps is staged first, in the layout torch's
@@ -1197,6 +1314,40 @@ def test_decoding_products_are_timed_on_weights_streamed_past_the_last_level_cac
     for choice in (AS_ASKED, BFLOAT16, FLOAT32):                  # each choice's pass runs here
         streamed = cpu_speed._streamed_call(2, choice)
         assert streamed.products == 4 and streamed() is None
+
+
+def test_the_bfloat16_choice_is_timed_on_weights_packed_as_the_policy_keeps_them(monkeypatch, tmp_path):
+    """The table times bfloat16 as the policy computes a linear layer in it: on weights packed
+    for oneDNN where that runs here, each packed once before the turns; a table kept from before
+    is timed again. The other choices, and bfloat16 where nothing can be packed, time torch's
+    own linear."""
+    from cudashim.backends import cpu_speed
+    from cudashim.kernels import packed_linear
+    from cudashim.precision import AS_ASKED, BFLOAT16, FLOAT32
+    counts = _packing_counted(monkeypatch)
+    monkeypatch.setattr(cpu_speed, "_streamed_blocks", lambda: 1)
+    for build in (cpu_speed._choice_call, cpu_speed._streamed_call):
+        for choice in (AS_ASKED, FLOAT32):
+            build(2, choice)()
+    assert counts == {"packed": 0, "computed": 0}
+    one, streamed = cpu_speed._choice_call(2, BFLOAT16), cpu_speed._streamed_call(2, BFLOAT16)
+    assert counts == {"packed": 1 + 4, "computed": 0}
+    one(), one(), streamed()
+    assert counts == {"packed": 5, "computed": 2 + 4}
+    monkeypatch.setenv("CUDASHIM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cpu_speed, "speeds", lambda profile: (FAST_BF16, "test"))
+    keys = []
+    table = {"memory_bound": BFLOAT16, "compute_bound": BFLOAT16, "memory_bound_rows": 256, "timings": {}}
+    monkeypatch.setattr(cpu_speed, "_cached", lambda path, key, measure: (keys.append(key), (table, "kept"))[1])
+    cpu_speed.matmul_choices.cache_clear()
+    cpu_speed.matmul_choices()
+    monkeypatch.setattr(packed_linear, "unavailable", lambda: "this torch cannot pack")
+    cpu_speed.matmul_choices.cache_clear()
+    cpu_speed.matmul_choices()
+    packed_key, plain_key = keys[0], keys[2]          # each: the matmuls' table, then attention's
+    assert packed_key == plain_key + ", bfloat16 on weights packed for oneDNN"
+    cpu_speed._choice_call(2, BFLOAT16)()
+    assert counts == {"packed": 5, "computed": 6}
 
 
 def test_a_decoding_choice_that_keeps_a_second_copy_of_every_weight_must_win_by_more():

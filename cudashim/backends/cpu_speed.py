@@ -46,6 +46,7 @@ from typing import Dict, Tuple
 import torch
 
 from .. import torch_names
+from ..kernels import packed_linear
 from ..tables.host_profiles import MEASURED, PROFILES
 from .timing import UNSTALLED, Stopwatch
 
@@ -213,6 +214,8 @@ def matmul_choices(profile: str = MEASURED):
     # the memory-bound class's weights streamed: an answer timed on one weight kept in the cache
     # is timed again
     matmul_key = f"{key}, memory-bound over {_streamed_blocks()} decoder blocks of {_WIDTH}"
+    if packed_linear.usable():     # bfloat16 timed as the policy then computes it
+        matmul_key += ", bfloat16 on weights packed for oneDNN"
     cached, kept = _cached(cache_file("float16-matmuls.json"), matmul_key, _measure_matmuls)
     how_known = f"measured on this CPU, {torch.get_num_threads()} threads; {kept}"
     attention, kept = _cached(cache_file("float16-attention.json"), key, _measure_attention)
@@ -286,8 +289,8 @@ def _streamed_blocks() -> int:
 
 def _streamed_call(rows: int, choice: str):
     """A pass of ``rows`` float16 rows through ``_streamed_blocks()`` decoder blocks, each product
-    computed as ``choice`` does (weights converted beforehand, as they are kept; the rows on every
-    call). Its ``products``: how many products a pass computes, which its time is divided by."""
+    computed as ``choice`` does (weights converted beforehand, as they are kept:
+    ``_kept_as_the_policy_keeps``; the rows on every call). Its ``products``: how many products a pass computes, which its time is divided by."""
     from ..precision import AS_ASKED, BFLOAT16
     linear = torch._C._nn.linear
     numbers = torch.Generator().manual_seed(0)
@@ -303,7 +306,8 @@ def _streamed_call(rows: int, choice: str):
                 linear(rows_in, weight)
     else:
         dtype = torch.bfloat16 if choice == BFLOAT16 else torch.float32
-        weights = [weight.to(dtype) for _ in range(blocks) for weight in block]
+        linear, keep = _kept_as_the_policy_keeps(dtype)
+        weights = [keep(weight.to(dtype)) for _ in range(blocks) for weight in block]
 
         def streamed():
             for weight, rows_in in zip(weights, inputs):
@@ -312,10 +316,21 @@ def _streamed_call(rows: int, choice: str):
     return streamed
 
 
+def _kept_as_the_policy_keeps(dtype):
+    """(linear, keep): a layer's product in ``dtype`` and how its weight is kept for it, as the
+    policy computes it: in bfloat16 on a weight packed for oneDNN where that runs here
+    (``kernels.packed_linear``), else torch's own linear on a plain copy. torch's C function:
+    F.linear may be the policy's patched one by now."""
+    if dtype is torch.bfloat16 and packed_linear.usable():
+        return (lambda x, weight: packed_linear.linear(x, weight, None)), packed_linear.pack
+    return torch._C._nn.linear, (lambda weight: weight)
+
+
 def _choice_call(rows: int, choice: str):
     """One F.linear of ``rows`` float16 rows by a 1024 x 1024 float16 weight, computed as
-    ``choice`` does (the weight converted beforehand, as it is kept). torch's own C function:
-    F.linear may be the policy's patched one by now."""
+    ``choice`` does (the weight converted beforehand, as it is kept:
+    ``_kept_as_the_policy_keeps``). torch's own C function: F.linear may be the policy's patched
+    one by now."""
     from ..precision import AS_ASKED, BFLOAT16
     linear = torch._C._nn.linear
     numbers = torch.Generator().manual_seed(0)         # the program's own generator untouched
@@ -324,7 +339,8 @@ def _choice_call(rows: int, choice: str):
     if choice == AS_ASKED:
         return lambda: linear(x, weight)
     dtype = torch.bfloat16 if choice == BFLOAT16 else torch.float32
-    kept = weight.to(dtype)
+    linear, keep = _kept_as_the_policy_keeps(dtype)
+    kept = keep(weight.to(dtype))
     return lambda: linear(x.to(dtype), kept).half()
 
 

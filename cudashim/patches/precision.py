@@ -44,13 +44,14 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import types
 import weakref
 
 import torch
 import torch.nn.functional as F
 
 from .. import torch_names
-from ..kernels import native
+from ..kernels import native, packed_linear
 from ..kernels.out_tensors import written_to
 from ..patching.rewriter import compiled_twin
 from ..patching.watched import WatchedAttributes
@@ -149,7 +150,7 @@ def install(activation):
                 activation.count, policy.float32_regions, policy, _ROWS.get(name),
                 activation.compiled, in_place=owner is torch.Tensor and name in _IN_PLACE,
                 float32_only=name in _FLOAT32_ONLY, attention=name == "scaled_dot_product_attention",
-                at_once=at_once))
+                at_once=at_once, packs=owner is F and name == "linear"))
         for name in policy.widened_ops:
             for owner, attribute, api in float16_ops.places(name):
                 activation.replace(owner, attribute, functools.partial(
@@ -221,51 +222,99 @@ class WideningCache:
     read of the parameter's ``.data``; parameters that require grad are kept only while
     no gradient is recorded (inference, evaluation). The copies cost twice the float16
     parameters' memory (what a float32 port holds), up to a quarter of the machine's memory;
-    parameters past that are widened on every call, which is slower but holds nothing."""
+    parameters past that are widened on every call, which is slower but holds nothing.
+
+    The copies a linear layer computed in bfloat16 reads where its weight is packed for oneDNN
+    (``kernels.packed_linear``) are kept apart, in ``packed.copies``, under the same keys, so
+    that ``_at_once`` and its compiled twin read them as they read ``copies``: the weight
+    packed (and not also kept plain here), the bias a plain bfloat16 copy."""
 
     def __init__(self, budget_bytes: int = None):
-        self.copies = {}              # id(parameter) -> (weak ref, version, weak storage, copy)
+        # (id(parameter), dtype) -> (weak ref, version, weak storage, copy)
+        self.copies = {}
+        self.packed = types.SimpleNamespace(copies={})
         self.budget = _quarter_of_memory() if budget_bytes is None else budget_bytes
         self.held = 0
 
-    def widen(self, tensor, dtype=torch.float32, scratch=None):
+    def widen(self, tensor, dtype=torch.float32, scratch=None, copies=None):
+        """``tensor`` in ``dtype``, kept in ``copies`` (``self.copies`` where not given) where it
+        is a parameter that may be kept."""
+        copies = self.copies if copies is None else copies
         key = (id(tensor), dtype)
-        kept = self.copies.get(key)
-        # A copy is kept only of a parameter that owned its storage; a parameter moved onto
-        # other memory (set_, resize_, as_strided_) moves its version, and ``.data`` drops it.
-        if kept is not None and kept[0]() is tensor and kept[1] == tensor._version \
-                and kept[2]() is tensor.untyped_storage() \
-                and not (tensor.requires_grad and torch.is_grad_enabled()):
+        kept = copies.get(key)
+        if self._still_holds(kept, tensor):
             return kept[3]
-        if not isinstance(tensor, torch.nn.Parameter) \
-                or (tensor.requires_grad and torch.is_grad_enabled()) \
-                or not _owns_its_storage(tensor):
+        if not self._keeps(tensor):
             return scratch.converted(tensor, dtype) if scratch is not None else converted(tensor, dtype)
         storage = tensor.untyped_storage()            # one Python object while it lives
         wide = converted(tensor.detach(), dtype)
-        size = wide.numel() * wide.element_size()
-        if kept is not None:
-            self._forget(key)
-        if self.held + size <= self.budget:
-            self.copies[key] = (weakref.ref(tensor, lambda _, key=key: self._forget(key)),
-                                tensor._version, weakref.ref(storage), wide)
-            self.held += size
+        self._keep(copies, key, tensor, storage, wide)
         return wide
 
-    def _forget(self, key):
-        kept = self.copies.pop(key, None)
+    def packed_weight(self, weight):
+        """``weight`` (a float16 linear layer's) in bfloat16 packed for oneDNN's linear, kept in
+        place of its plain bfloat16 copy. None where it would not be kept (a gradient flows to
+        it, it is a view into a larger buffer, the budget is spent): packing costs more than
+        the call it would serve."""
+        key = (id(weight), torch.bfloat16)
+        kept = self.packed.copies.get(key)
+        if self._still_holds(kept, weight):
+            return kept[3]
+        if not self._keeps(weight):
+            return None
+        plain = self.copies.get(key)
+        plain = plain[3] if self._still_holds(plain, weight) else None
+        room = self.budget - self.held + (plain.numel() * plain.element_size() if plain is not None else 0)
+        if weight.numel() * torch.bfloat16.itemsize > room:
+            return None
+        storage = weight.untyped_storage()
+        packed = packed_linear.pack(plain if plain is not None else converted(weight.detach(), torch.bfloat16))
+        self._forget(key)
+        self._keep(self.packed.copies, key, weight, storage, packed)
+        return packed
+
+    @staticmethod
+    def _still_holds(kept, tensor) -> bool:
+        """Whether a kept entry is a copy of what ``tensor`` holds now. A copy is kept only of a
+        parameter that owned its storage; a parameter moved onto other memory (set_, resize_,
+        as_strided_) moves its version, and ``.data`` drops it."""
+        return kept is not None and kept[0]() is tensor and kept[1] == tensor._version \
+            and kept[2]() is tensor.untyped_storage() \
+            and not (tensor.requires_grad and torch.is_grad_enabled())
+
+    @staticmethod
+    def _keeps(tensor) -> bool:
+        """Whether a copy of ``tensor`` may be kept."""
+        return isinstance(tensor, torch.nn.Parameter) \
+            and not (tensor.requires_grad and torch.is_grad_enabled()) \
+            and _owns_its_storage(tensor)
+
+    def _keep(self, copies, key, tensor, storage, copy):
+        """``copy`` of ``tensor`` kept in ``copies`` under ``key``, in place of what was there,
+        where the budget allows."""
+        size = copy.numel() * copy.element_size()
+        self._forget(key, copies)
+        if self.held + size <= self.budget:
+            copies[key] = (weakref.ref(tensor, lambda _, key=key: self._forget(key, copies)),
+                           tensor._version, weakref.ref(storage), copy)
+            self.held += size
+
+    def _forget(self, key, copies=None):
+        kept = (self.copies if copies is None else copies).pop(key, None)
         if kept is not None:
             self.held -= kept[3].numel() * kept[3].element_size()
 
     def clear(self):
         self.copies.clear()
+        self.packed.copies.clear()
         self.held = 0
 
     def drop(self, parameter):
         """Forget ``parameter``'s copies: its next call widens what it then holds."""
-        if self.copies:
-            for dtype in (torch.float32, torch.bfloat16):
-                self._forget((id(parameter), dtype))
+        for copies in (self.copies, self.packed.copies):
+            if copies:
+                for dtype in (torch.float32, torch.bfloat16):
+                    self._forget((id(parameter), dtype), copies)
 
     def optimizer_stepped(self):
         """Parameters may have changed where no version counter shows it: none is kept."""
@@ -306,13 +355,14 @@ def _quarter_of_memory() -> int:
 
 
 def by_policy(api, first, device_type, cache, count, regions, policy, rows_of, compiled, original,
-              *, in_place=False, float32_only=False, attention=False, at_once=None):
+              *, in_place=False, float32_only=False, attention=False, at_once=None, packs=False):
     """``original`` computing float16 inputs as the policy chooses; its compiled gate where
     the fast path runs (``_speedups_precision.c``), which behaves as the Python wrapper.
     ``in_place``: ``original`` is a Tensor method writing into the tensor it is called on;
     ``float32_only``: a bfloat16 choice computes it in float32; ``attention``: ``original`` is
     attention, computed in attention's own choices; ``at_once``: ``_at_once`` or its compiled
-    twin (``_at_once_for``)."""
+    twin (``_at_once_for``); ``packs``: ``original`` is F.linear, computed in bfloat16 on kept
+    weights packed for oneDNN where that runs (``_linear_on_packed_weight``)."""
     at_once = _at_once if at_once is None else at_once
     def reconciled(*args, **kwargs):
         """In a CUDA region run in float32: float16 and bfloat16 operands in float32, as
@@ -362,6 +412,14 @@ def by_policy(api, first, device_type, cache, count, regions, policy, rows_of, c
             return _written_to_out(computed, dtype, cache, args, kwargs, count, reported, choice)
         count(reported, _BECAME[choice])
         if not (torch.is_grad_enabled() and _recording(tensors)):
+            if packs and dtype is torch.bfloat16 and packed_linear.usable() \
+                    and not torch.compiler.is_compiling() and not torch.jit.is_tracing():
+                # a packed weight is no tensor a graph can hold: not where one is recorded
+                result = at_once(_packed_linear, dtype, cache.packed, args, kwargs)
+                if result is NotImplemented:
+                    result = _linear_on_packed_weight(cache, args, kwargs)
+                if result is not NotImplemented:
+                    return result
             result = at_once(computed, dtype, cache, args, kwargs)
             if result is not NotImplemented:
                 return result
@@ -467,6 +525,43 @@ def _at_once(original, dtype, cache, args, kwargs):
                 and native.converted_into(result, result, HALF):
             return result.view(HALF)
     return _to_half(result, _operand_storages(wide) if reduced else None)
+
+
+def _packed_linear(input, weight, bias=None):
+    """``F.linear`` in bfloat16 on ``weight`` packed for oneDNN, as ``_at_once`` calls it with
+    the copies of ``WideningCache.packed``."""
+    return packed_linear.linear(input, weight, bias)
+
+
+def _linear_on_packed_weight(cache, args, kwargs):
+    """``F.linear`` of float16 operands computed in bfloat16 on its weight packed for oneDNN and
+    kept (``WideningCache.packed_weight``), rounded to float16 once: the first call of a layer,
+    which packs its weight, and the calls ``_at_once`` does not take. NotImplemented, with
+    nothing converted, where the weight is not a host parameter kept packed or the input not a
+    plain host tensor."""
+    if len(args) + len(kwargs) > 3 or not kwargs.keys() <= {"input", "weight", "bias"}:
+        return NotImplemented
+    x = args[0] if args else kwargs.get("input")
+    weight = args[1] if len(args) > 1 else kwargs.get("weight")
+    bias = args[2] if len(args) > 2 else kwargs.get("bias")
+    if x.__class__ is not torch.Tensor or not x.is_cpu or x.is_nested or x.layout is not torch.strided \
+            or weight.__class__ is not torch.nn.Parameter or weight.dim() != 2 or not weight.is_cpu \
+            or weight.layout is not torch.strided or (bias is not None and (
+                bias.__class__ not in _PLAIN or not bias.is_cpu or bias.layout is not torch.strided)):
+        return NotImplemented
+    packed = cache.packed_weight(weight)
+    if packed is None:
+        return NotImplemented
+    if bias is not None:
+        bias = cache.widen(bias, torch.bfloat16, copies=cache.packed.copies)
+    scratch = _SCRATCH
+    lent = scratch.lending()
+    result = ()
+    try:
+        result = packed_linear.linear(scratch.converted(x, torch.bfloat16), packed, bias)
+    finally:
+        scratch.given_back(lent, result)
+    return _to_half(result, frozenset())          # a result of its own: rounded where it lies
 
 
 def _holds_a_tensor(value) -> bool:
@@ -590,12 +685,15 @@ def _computed_and_rounded(original, dtype, cache, args, kwargs, tensors=None):
 
 def _operand_storages(values):
     """The data pointers of the storages of the tensors among a call's operands (``_storages``
-    of them, in one pass where no list of operands is among them); None where one has none."""
+    of them, in one pass where no list of operands is among them); None where one has none. A
+    weight packed for oneDNN holds no memory a result could share (and asking its storage
+    raises, at the cost of a C++ exception's stack trace)."""
     found = set()
     try:
         for value in values:
             if isinstance(value, torch.Tensor):
-                found.add(value.untyped_storage().data_ptr())
+                if not value.is_mkldnn:
+                    found.add(value.untyped_storage().data_ptr())
             elif isinstance(value, (list, tuple)):         # einsum's operands as one list
                 return _storages(_floating(values))
     except (RuntimeError, NotImplementedError):
