@@ -615,7 +615,7 @@ def test_a_linear_layer_in_bfloat16_packs_its_kept_weight_once_and_holds_no_plai
         weight_key, bias_key = (id(layer.weight), BF16), (id(layer.bias), BF16)
         assert cache.packed.copies[weight_key][3].is_mkldnn and weight_key not in cache.copies
         assert cache.packed.copies[bias_key][3].dtype == BF16     # the bias: a plain copy
-        twins = precision._at_once(precision._packed_linear, BF16, cache.packed,
+        twins = precision._at_once(precision._PACKED_FORMS[F, "linear"].computed, BF16, cache.packed,
                                    (x, layer.weight, layer.bias), {})   # the compiled path's twin
         assert torch.equal(twins, results[0]) and counts["packed"] == 1
         if native.usable():
@@ -625,6 +625,29 @@ def test_a_linear_layer_in_bfloat16_packs_its_kept_weight_once_and_holds_no_plai
         assert F.linear(x, layer.weight, bias=layer.bias).dtype == HALF    # a keyword: Python's path
         assert counts == {"packed": 2, "computed": 6}
     assert _counted("torch.nn.functional.linear") == "float16 computed in bfloat16"
+
+
+def test_a_conv1d_layer_of_gpt2_packs_its_weight_laid_out_in_by_out(speeds, monkeypatch):
+    """Hugging Face's Conv1D (GPT-2's layers) computes ``torch.addmm(bias, x, weight)`` with its
+    weight laid out in x out: packed as its transpose, apart from a linear layer's, once. A
+    scaled addmm, or one adding a matrix, is torch's own in bfloat16."""
+    counts = _packing_counted(monkeypatch)
+    torch.manual_seed(0)
+    weight = torch.nn.Parameter(torch.randn(64, 96).half() / 8, requires_grad=False)    # in x out
+    bias = torch.nn.Parameter(torch.randn(96).half(), requires_grad=False)
+    x = torch.randn(2, 64).half()
+    expected = _by_hand_in_bfloat16(torch.addmm, bias, x, weight)
+    _bfloat16_products(speeds)
+    with torch.no_grad():
+        for _ in range(3):
+            assert torch.equal(torch.addmm(bias, x, weight), expected)
+        assert counts == {"packed": 1, "computed": 3}
+        scaled = torch.addmm(bias, x, weight, beta=0.5, alpha=2)
+        matrix = torch.addmm(bias.expand(2, 96), x, weight)
+    assert torch.equal(scaled, _by_hand_in_bfloat16(lambda b, m, w: torch.addmm(b, m, w, beta=0.5, alpha=2),
+                                                    bias, x, weight))
+    assert torch.equal(matrix, expected) and counts == {"packed": 1, "computed": 3}
+    assert _counted("torch.addmm (memory-bound)") == "float16 computed in bfloat16"
 
 
 def test_a_linear_layer_is_not_packed_where_a_gradient_is_recorded_or_onednn_is_off(speeds, monkeypatch):

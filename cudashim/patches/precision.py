@@ -46,6 +46,7 @@ import os
 import threading
 import types
 import weakref
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -150,7 +151,7 @@ def install(activation):
                 activation.count, policy.float32_regions, policy, _ROWS.get(name),
                 activation.compiled, in_place=owner is torch.Tensor and name in _IN_PLACE,
                 float32_only=name in _FLOAT32_ONLY, attention=name == "scaled_dot_product_attention",
-                at_once=at_once, packs=owner is F and name == "linear"))
+                at_once=at_once, packs=_PACKED_FORMS.get((owner, name))))
         for name in policy.widened_ops:
             for owner, attribute, api in float16_ops.places(name):
                 activation.replace(owner, attribute, functools.partial(
@@ -225,14 +226,16 @@ class WideningCache:
     parameters past that are widened on every call, which is slower but holds nothing.
 
     The copies a linear layer computed in bfloat16 reads where its weight is packed for oneDNN
-    (``kernels.packed_linear``) are kept apart, in ``packed.copies``, under the same keys, so
-    that ``_at_once`` and its compiled twin read them as they read ``copies``: the weight
-    packed (and not also kept plain here), the bias a plain bfloat16 copy."""
+    (``kernels.packed_linear``) are kept apart, in ``packed.copies`` (``packed_transposed``'s for
+    weights laid out in x out), under the same keys, so that ``_at_once`` and its compiled twin
+    read them as they read ``copies``: the weight packed (and not also kept plain here), the
+    bias a plain bfloat16 copy."""
 
     def __init__(self, budget_bytes: int = None):
         # (id(parameter), dtype) -> (weak ref, version, weak storage, copy)
         self.copies = {}
         self.packed = types.SimpleNamespace(copies={})
+        self.packed_transposed = types.SimpleNamespace(copies={})     # weights laid out in x out
         self.budget = _quarter_of_memory() if budget_bytes is None else budget_bytes
         self.held = 0
 
@@ -251,13 +254,14 @@ class WideningCache:
         self._keep(copies, key, tensor, storage, wide)
         return wide
 
-    def packed_weight(self, weight):
-        """``weight`` (a float16 linear layer's) in bfloat16 packed for oneDNN's linear, kept in
-        place of its plain bfloat16 copy. None where it would not be kept (a gradient flows to
-        it, it is a view into a larger buffer, the budget is spent): packing costs more than
-        the call it would serve."""
+    def packed_weight(self, weight, transposed=False):
+        """``weight`` (a float16 linear layer's, out x in; ``transposed``: in x out) in bfloat16
+        packed for oneDNN's linear, kept in place of its plain bfloat16 copy. None where it would
+        not be kept (a gradient flows to it, it is a view into a larger buffer, the budget is
+        spent): packing costs more than the call it would serve."""
+        copies = (self.packed_transposed if transposed else self.packed).copies
         key = (id(weight), torch.bfloat16)
-        kept = self.packed.copies.get(key)
+        kept = copies.get(key)
         if self._still_holds(kept, weight):
             return kept[3]
         if not self._keeps(weight):
@@ -268,9 +272,10 @@ class WideningCache:
         if weight.numel() * torch.bfloat16.itemsize > room:
             return None
         storage = weight.untyped_storage()
-        packed = packed_linear.pack(plain if plain is not None else converted(weight.detach(), torch.bfloat16))
+        wide = plain if plain is not None else converted(weight.detach(), torch.bfloat16)
+        packed = packed_linear.pack(wide.t() if transposed else wide)
         self._forget(key)
-        self._keep(self.packed.copies, key, weight, storage, packed)
+        self._keep(copies, key, weight, storage, packed)
         return packed
 
     @staticmethod
@@ -305,13 +310,13 @@ class WideningCache:
             self.held -= kept[3].numel() * kept[3].element_size()
 
     def clear(self):
-        self.copies.clear()
-        self.packed.copies.clear()
+        for copies in (self.copies, self.packed.copies, self.packed_transposed.copies):
+            copies.clear()
         self.held = 0
 
     def drop(self, parameter):
         """Forget ``parameter``'s copies: its next call widens what it then holds."""
-        for copies in (self.copies, self.packed.copies):
+        for copies in (self.copies, self.packed.copies, self.packed_transposed.copies):
             if copies:
                 for dtype in (torch.float32, torch.bfloat16):
                     self._forget((id(parameter), dtype), copies)
@@ -355,14 +360,15 @@ def _quarter_of_memory() -> int:
 
 
 def by_policy(api, first, device_type, cache, count, regions, policy, rows_of, compiled, original,
-              *, in_place=False, float32_only=False, attention=False, at_once=None, packs=False):
+              *, in_place=False, float32_only=False, attention=False, at_once=None, packs=None):
     """``original`` computing float16 inputs as the policy chooses; its compiled gate where
     the fast path runs (``_speedups_precision.c``), which behaves as the Python wrapper.
     ``in_place``: ``original`` is a Tensor method writing into the tensor it is called on;
     ``float32_only``: a bfloat16 choice computes it in float32; ``attention``: ``original`` is
     attention, computed in attention's own choices; ``at_once``: ``_at_once`` or its compiled
-    twin (``_at_once_for``); ``packs``: ``original`` is F.linear, computed in bfloat16 on kept
-    weights packed for oneDNN where that runs (``_linear_on_packed_weight``)."""
+    twin (``_at_once_for``); ``packs``: the ``PackedForm`` of ``original`` (F.linear,
+    torch.addmm), computed in bfloat16 on kept weights packed for oneDNN where that runs
+    (``_on_packed_weight``)."""
     at_once = _at_once if at_once is None else at_once
     def reconciled(*args, **kwargs):
         """In a CUDA region run in float32: float16 and bfloat16 operands in float32, as
@@ -412,12 +418,8 @@ def by_policy(api, first, device_type, cache, count, regions, policy, rows_of, c
             return _written_to_out(computed, dtype, cache, args, kwargs, count, reported, choice)
         count(reported, _BECAME[choice])
         if not (torch.is_grad_enabled() and _recording(tensors)):
-            if packs and dtype is torch.bfloat16 and packed_linear.usable() \
-                    and not torch.compiler.is_compiling() and not torch.jit.is_tracing():
-                # a packed weight is no tensor a graph can hold: not where one is recorded
-                result = at_once(_packed_linear, dtype, cache.packed, args, kwargs)
-                if result is NotImplemented:
-                    result = _linear_on_packed_weight(cache, args, kwargs)
+            if packs is not None and dtype is torch.bfloat16:
+                result = _on_packed_weight(packs, at_once, cache, args, kwargs)
                 if result is not NotImplemented:
                     return result
             result = at_once(computed, dtype, cache, args, kwargs)
@@ -527,33 +529,64 @@ def _at_once(original, dtype, cache, args, kwargs):
     return _to_half(result, _operand_storages(wide) if reduced else None)
 
 
-def _packed_linear(input, weight, bias=None):
-    """``F.linear`` in bfloat16 on ``weight`` packed for oneDNN, as ``_at_once`` calls it with
-    the copies of ``WideningCache.packed``."""
-    return packed_linear.linear(input, weight, bias)
+class PackedForm(NamedTuple):
+    """A call computed as a linear layer on a weight packed for oneDNN (``kernels.packed_linear``)."""
+    operands: Callable        # (args, kwargs) -> (input, weight, bias), or None: not this form
+    computed: Callable        # the call's own arguments, the weight packed -> its bfloat16 result
+    transposed: bool          # the weight is laid out in x out (packed as its transpose)
 
 
-def _linear_on_packed_weight(cache, args, kwargs):
-    """``F.linear`` of float16 operands computed in bfloat16 on its weight packed for oneDNN and
-    kept (``WideningCache.packed_weight``), rounded to float16 once: the first call of a layer,
-    which packs its weight, and the calls ``_at_once`` does not take. NotImplemented, with
-    nothing converted, where the weight is not a host parameter kept packed or the input not a
-    plain host tensor."""
+def _linear_operands(args, kwargs):
     if len(args) + len(kwargs) > 3 or not kwargs.keys() <= {"input", "weight", "bias"}:
+        return None
+    return (args[0] if args else kwargs.get("input"), args[1] if len(args) > 1 else kwargs.get("weight"),
+            args[2] if len(args) > 2 else kwargs.get("bias"))
+
+
+def _addmm_operands(args, kwargs):
+    """``torch.addmm(bias, input, weight)`` unscaled, adding a row (Hugging Face's Conv1D, the
+    layers of GPT-2 and its kin, whose weight is laid out in x out)."""
+    if len(args) != 3 or kwargs or getattr(args[0], "ndim", None) != 1:
+        return None
+    bias, x, weight = args
+    return x, weight, bias
+
+
+# (owner, name) -> how the call is computed on a packed weight
+_PACKED_FORMS = {
+    (F, "linear"): PackedForm(
+        _linear_operands, lambda input, weight, bias=None: packed_linear.linear(input, weight, bias), False),
+    (torch, "addmm"): PackedForm(
+        _addmm_operands, lambda bias, input, weight: packed_linear.linear(input, weight, bias), True),
+}
+
+
+def _on_packed_weight(form, at_once, cache, args, kwargs):
+    """A float16 call of ``form`` computed in bfloat16 on its weight packed for oneDNN and kept
+    (``WideningCache.packed_weight``: torch's bfloat16 linear without reordering the weight at
+    every call), rounded to float16 once, in one frame where ``at_once`` takes it. NotImplemented,
+    with nothing converted, where the weight is not a host parameter kept packed, the input
+    not a plain host tensor, packing does not run here, or torch.compile or a JIT trace records
+    the call (a packed weight is no tensor a graph can hold)."""
+    operands = form.operands(args, kwargs)
+    if operands is None or operands[1].__class__ is not torch.nn.Parameter or not packed_linear.usable() \
+            or torch.compiler.is_compiling() or torch.jit.is_tracing():
         return NotImplemented
-    x = args[0] if args else kwargs.get("input")
-    weight = args[1] if len(args) > 1 else kwargs.get("weight")
-    bias = args[2] if len(args) > 2 else kwargs.get("bias")
+    kept = cache.packed_transposed if form.transposed else cache.packed
+    result = at_once(form.computed, torch.bfloat16, kept, args, kwargs)
+    if result is not NotImplemented:
+        return result
+    x, weight, bias = operands                  # the layer's first call, or one at_once leaves
     if x.__class__ is not torch.Tensor or not x.is_cpu or x.is_nested or x.layout is not torch.strided \
-            or weight.__class__ is not torch.nn.Parameter or weight.dim() != 2 or not weight.is_cpu \
-            or weight.layout is not torch.strided or (bias is not None and (
-                bias.__class__ not in _PLAIN or not bias.is_cpu or bias.layout is not torch.strided)):
+            or weight.dim() != 2 or not weight.is_cpu or weight.layout is not torch.strided \
+            or (bias is not None and (bias.__class__ not in _PLAIN or not bias.is_cpu
+                                      or bias.layout is not torch.strided)):
         return NotImplemented
-    packed = cache.packed_weight(weight)
+    packed = cache.packed_weight(weight, form.transposed)
     if packed is None:
         return NotImplemented
     if bias is not None:
-        bias = cache.widen(bias, torch.bfloat16, copies=cache.packed.copies)
+        bias = cache.widen(bias, torch.bfloat16, copies=kept.copies)
     scratch = _SCRATCH
     lent = scratch.lending()
     result = ()
