@@ -53,7 +53,7 @@ def unavailable() -> Optional[str]:
         with torch.no_grad():
             got = linear(x, pack(weight), bias)
             expected = torch._C._nn.linear(x, weight, bias)
-    except (RuntimeError, NotImplementedError) as exc:     # oneDNN refuses bfloat16 here
+    except (RuntimeError, NotImplementedError, TypeError) as exc:   # oneDNN refuses, or another schema
         return f"oneDNN's packed bfloat16 linear does not run here ({exc})"
     if not torch.equal(got, expected):
         return "oneDNN's packed bfloat16 linear does not compute torch's bfloat16 linear here"
