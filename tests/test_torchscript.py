@@ -131,7 +131,12 @@ def test_torchscript_knows_every_replacement_as_its_builtin_and_forgets_it_after
         assert builtins._find_builtin(patch.replacement) == before[id(patch.original)], patch.describe()
     replacement_ids = [id(p.replacement) for p in replacements]
     cudashim.deactivate()
-    assert table == before
+    assert {key: table.get(key) for key in before} == before
+    # torch registers an op as a TorchScript builtin at its first lookup through torch.ops (the
+    # oneDNN ops the precision policy's packed linear looks up): torch's own entries, which any
+    # program's lookup would leave, and no replacement among them
+    added = {key: name for key, name in table.items() if key not in before}
+    assert all("::" in name for name in added.values()), added
     assert not any(key in table for key in replacement_ids)
     assert torch._C._jit_get_emit_hooks() == hooks_before
     assert torch.jit.script(to_device)(torch.ones(1), torch.device("cpu")).device.type == "cpu"
