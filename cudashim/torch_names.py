@@ -75,13 +75,10 @@ NAMES: Dict[str, Name] = {name.path: name for name in (
     _n("torch._native_multi_head_attention", "precision", FALLBACK,
        "nn.MultiheadAttention's fused inference path keeps float16 as asked where float16 is "
        "slow (its projections at float16's speed); its other path is computed by the policy"),
-    _n("torch.ops.mkldnn._reorder_linear_weight", "precision", FALLBACK,
-       "float16 linear layers computed in bfloat16 keep their copies in torch's layout, which "
-       "oneDNN reorders at every call, as in a bfloat16 port"),
-    _n("torch.ops.mkldnn._linear_pointwise", "precision", FALLBACK,
-       "as without torch.ops.mkldnn._reorder_linear_weight"),
-    _n("torch.ops.mkldnn._is_mkldnn_bf16_supported", "precision", FALLBACK,
-       "as without torch.ops.mkldnn._reorder_linear_weight"),
+    *(_n(f"torch.ops.mkldnn.{name}", "precision", FALLBACK,
+         "float16 linear layers computed in bfloat16 keep their copies in torch's layout, which "
+         "oneDNN reorders at every call, as in a bfloat16 port")
+      for name in ("_reorder_linear_weight", "_linear_pointwise", "_is_mkldnn_bf16_supported")),
     _n("torch._VF", "precision", FALLBACK,
        "nn.LSTM, nn.GRU, nn.RNN and their cells keep float16 as asked where float16 is slow "
        "(their products at float16's speed)"),
