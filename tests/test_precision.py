@@ -1342,8 +1342,9 @@ def test_decoding_products_are_timed_on_weights_streamed_past_the_last_level_cac
 def test_the_bfloat16_choice_is_timed_on_weights_packed_as_the_policy_keeps_them(monkeypatch, tmp_path):
     """The table times bfloat16 as the policy computes a linear layer in it: on weights packed
     for oneDNN where that runs here, each packed once before the turns; a table kept from before
-    is timed again. The other choices, and bfloat16 where nothing can be packed, time torch's
-    own linear."""
+    is timed again (the key asks only whether torch offers packing: the probe that it computes
+    exactly waits for the first packed call). The other choices, and bfloat16 where nothing can
+    be packed, time torch's own linear."""
     from cudashim.backends import cpu_speed
     from cudashim.kernels import packed_linear
     from cudashim.precision import AS_ASKED, BFLOAT16, FLOAT32
@@ -1362,9 +1363,13 @@ def test_the_bfloat16_choice_is_timed_on_weights_packed_as_the_policy_keeps_them
     keys = []
     table = {"memory_bound": BFLOAT16, "compute_bound": BFLOAT16, "memory_bound_rows": 256, "timings": {}}
     monkeypatch.setattr(cpu_speed, "_cached", lambda path, key, measure: (keys.append(key), (table, "kept"))[1])
+    probes = []
+    monkeypatch.setattr(packed_linear, "unavailable", lambda: probes.append("probed"))
     cpu_speed.matmul_choices.cache_clear()
     cpu_speed.matmul_choices()
-    monkeypatch.setattr(packed_linear, "unavailable", lambda: "this torch cannot pack")
+    assert not probes                                 # an activation computes no probe
+    for reason in ("not_offered", "unavailable"):
+        monkeypatch.setattr(packed_linear, reason, lambda: "this torch cannot pack")
     cpu_speed.matmul_choices.cache_clear()
     cpu_speed.matmul_choices()
     packed_key, plain_key = keys[0], keys[2]          # each: the matmuls' table, then attention's

@@ -214,7 +214,7 @@ def matmul_choices(profile: str = MEASURED):
     # the memory-bound class's weights streamed: an answer timed on one weight kept in the cache
     # is timed again
     matmul_key = f"{key}, memory-bound over {_streamed_blocks()} decoder blocks of {_WIDTH}"
-    if packed_linear.usable():     # bfloat16 timed as the policy then computes it
+    if packed_linear.not_offered() is None:     # bfloat16 timed as the policy then computes it
         matmul_key += ", bfloat16 on weights packed for oneDNN"
     cached, kept = _cached(cache_file("float16-matmuls.json"), matmul_key, _measure_matmuls)
     how_known = f"measured on this CPU, {torch.get_num_threads()} threads; {kept}"

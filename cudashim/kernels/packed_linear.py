@@ -35,8 +35,10 @@ _ops = {}           # "reorder", "linear": the two ops, once found
 
 
 @functools.lru_cache(maxsize=None)
-def unavailable() -> Optional[str]:
-    """None where bfloat16 weights can be packed here, else why not (once a process)."""
+def not_offered() -> Optional[str]:
+    """None where this torch offers packed bfloat16 linears on this CPU, else why not: the ops
+    are there and torch's own bfloat16 linear is oneDNN's. Cheap: nothing is computed (the
+    matmul table's cache key reads it at every activation)."""
     if not torch.backends.mkldnn.is_available():
         return "torch was built without oneDNN"
     for name in (_REORDER, _LINEAR, _TORCH_USES_IT):
@@ -45,19 +47,30 @@ def unavailable() -> Optional[str]:
     try:
         if not torch_names.get(_TORCH_USES_IT)():
             return "torch's bfloat16 linear is not oneDNN's on this CPU"
+    except (RuntimeError, NotImplementedError, TypeError) as exc:
+        return f"torch cannot say whether its bfloat16 linear is oneDNN's ({exc})"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def unavailable() -> Optional[str]:
+    """None where bfloat16 weights can be packed here, else why not: ``not_offered``, then a
+    probe, once a process, at the first packed call (8 ms), not at activation."""
+    reason = not_offered()
+    if reason is not None:
+        return reason
+    numbers = torch.Generator().manual_seed(0)
+    try:
         _ops.update(reorder=torch_names.get(_REORDER), linear=torch_names.get(_LINEAR))
-        numbers = torch.Generator().manual_seed(0)
-        weight = torch.randn(48, 320, generator=numbers).bfloat16()
-        bias = torch.randn(48, generator=numbers).bfloat16()
-        x = torch.randn(3, 5, 320, generator=numbers).bfloat16()
+        # on the host whatever default device a program set (``with torch.device("meta")``)
+        weight = torch.randn(48, 320, generator=numbers, device="cpu").bfloat16()
+        bias = torch.randn(48, generator=numbers, device="cpu").bfloat16()
+        x = torch.randn(3, 5, 320, generator=numbers, device="cpu").bfloat16()
         with torch.no_grad():
-            got = linear(x, pack(weight), bias)
-            expected = torch._C._nn.linear(x, weight, bias)
+            exact = torch.equal(linear(x, pack(weight), bias), torch._C._nn.linear(x, weight, bias))
     except (RuntimeError, NotImplementedError, TypeError) as exc:   # oneDNN refuses, or another schema
         return f"oneDNN's packed bfloat16 linear does not run here ({exc})"
-    if not torch.equal(got, expected):
-        return "oneDNN's packed bfloat16 linear does not compute torch's bfloat16 linear here"
-    return None
+    return None if exact else "oneDNN's packed bfloat16 linear does not compute torch's bfloat16 linear here"
 
 
 def usable() -> bool:
