@@ -368,7 +368,8 @@ def _same_values(ours, torchs):
 @pytest.mark.parametrize("source, target", [(torch.float16, torch.bfloat16), (torch.bfloat16, torch.float16)])
 @pytest.mark.parametrize("threads", [1, 3])
 def test_compiled_conversions_between_float16_and_bfloat16_give_torchs_values(source, target, threads,
-                                                                               variant, monkeypatch):
+                                                                               variant, bfloat16_instructions,
+                                                                               monkeypatch):
     """Every value of the type, in a tensor split over threads, and lengths that end in every
     vector loop's tail: the values torch's ``.to`` gives."""
     if not native._native.convert_reduced(0, 0, 0, True, 1):     # no F16C, or SSE2 alone
@@ -397,6 +398,45 @@ def test_compiled_conversions_between_float16_and_bfloat16_give_torchs_values(so
     ours = native.reduced_converted(permuted, target)
     assert ours.stride() == permuted.stride() and _same_values(ours, permuted.to(target))
     assert native.reduced_converted(heads, target, out=torch.empty(heads.shape, dtype=target)) is None
+
+
+@pytest.fixture(params=["AVX512-BF16 where the CPU has it", "integer rounding"])
+def bfloat16_instructions(request):
+    """AVX512-BF16's conversions to bfloat16 where the CPU has them, then the integer rounding
+    that AVX-512 CPUs without them run."""
+    used = native._native.use_avx512bf16(request.param != "integer rounding")
+    yield request.param
+    native._native.use_avx512bf16(used)
+
+
+@needs_compiled
+@pytest.mark.parametrize("source, target", [(torch.float16, torch.bfloat16), (torch.bfloat16, torch.float16)])
+def test_the_transposing_conversion_gives_torchs_values_laid_out_channels_last_and_back(source, target, variant,
+                                                                                        bfloat16_instructions):
+    """A channel-first activation converted into channels-last memory and back, in one pass
+    (the packed convolutions' inputs and results): every value of the type, as torch's
+    ``.to`` converts it, where torch's permuting copy puts it; matrices whose sides end in
+    every edge the 8 x 8 blocks and 32 x 32 tiles leave, and one split over threads."""
+    if not native.converted_transposed_into(torch.empty(0, dtype=source), torch.empty(0, dtype=target),
+                                            target, 0, 0, 0):
+        pytest.skip(f"the {variant} kernels have no conversion loops (they need F16C and AVX2)")
+    every = _every_value(source)
+    for batch, channels, height, width in ((2, 3, 5, 7), (1, 8, 8, 8), (3, 33, 9, 4), (2, 64, 40, 41),
+                                           (1, 1, 1, 1), (4, 130, 1, 1)):
+        count = batch * channels * height * width
+        x = every.repeat(count // every.numel() + 1)[7:7 + count].reshape(batch, channels, height, width)
+        last = torch.empty_like(x, dtype=target, memory_format=torch.channels_last)
+        assert native.converted_transposed_into(x, last, target, batch, channels, height * width)
+        assert last.is_contiguous(memory_format=torch.channels_last)
+        assert _same_values(last.contiguous(), x.to(target)), (batch, channels, height, width)
+        back = torch.empty(x.shape, dtype=source)
+        assert native.converted_transposed_into(last, back, source, batch, height * width, channels)
+        assert _same_values(back, last.to(source).contiguous())
+    many = every.repeat(9).reshape(9 * 256, 256)               # long enough to be split over threads
+    out = torch.empty(256, 9 * 256, dtype=target)
+    assert native._native.convert_reduced_transposed(many.data_ptr(), out.data_ptr(), 1, 9 * 256, 256,
+                                                     target is torch.bfloat16, 3)
+    assert _same_values(out, many.t().to(target))
 
 
 @needs_compiled
