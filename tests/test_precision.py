@@ -650,6 +650,151 @@ def test_a_conv1d_layer_of_gpt2_packs_its_weight_laid_out_in_by_out(speeds, monk
     assert _counted("torch.addmm (memory-bound)") == "float16 computed in bfloat16"
 
 
+def _convolutions_counted(monkeypatch):
+    """Counts of the policy's calls into ``kernels.packed_convolution``: weights packed (with the
+    arguments each was packed for), convolutions computed. Skips where packing does not run
+    here, saying why; where linear layers pack and the compiled conversions run, convolutions'
+    probe passes (it computes what the policy computes: a wrong layout or value turns packing off)."""
+    from cudashim.kernels import native, packed_convolution, packed_linear
+    reason = packed_linear.unavailable() or native.why_not_used()
+    if reason is not None:
+        pytest.skip(reason)
+    assert packed_convolution.unavailable() is None
+    counts = _Counts(packed=0, computed=0)
+    pack, convolution = packed_convolution.pack, packed_convolution.convolution
+
+    def packing(weight, *arguments):
+        counts["packed"] += 1
+        counts.results_at.append(arguments[:4])
+        return pack(weight, *arguments)
+
+    def computing(*args, **kwargs):
+        counts["computed"] += 1
+        return convolution(*args, **kwargs)
+    monkeypatch.setattr(packed_convolution, "pack", packing)
+    monkeypatch.setattr(packed_convolution, "convolution", computing)
+    return counts
+
+
+def _layer_in_bfloat16(layer, x):
+    """What a bfloat16 port of ``layer`` computes on ``x``, rounded to float16."""
+    import copy
+    with torch.no_grad():
+        return copy.deepcopy(layer).bfloat16()(x.float().bfloat16()).float().half()
+
+
+def _close_to_bfloat16s(result, by_hand):
+    """``result`` is the float16 rounding of a bfloat16 convolution's: ``by_hand``'s values, where
+    another of oneDNN's kernels may have summed in another order, in the same layout."""
+    torch.testing.assert_close(result.float(), by_hand.float(), rtol=2 ** -7, atol=2 ** -6)
+    assert result.dtype == HALF and result.stride() == by_hand.stride() and result._base is None
+
+
+def test_a_conv2d_layer_in_bfloat16_packs_its_weight_once_and_lays_out_its_result_as_cuda_does(speeds, monkeypatch):
+    """Under no_grad a float16 conv2d computed in bfloat16 reads its weight packed for oneDNN's
+    channels-last kernels: packed at the first call and kept, in place of a plain copy, and
+    packed again once the weight changes or a call gives other sizes. Its result is laid out as
+    CUDA lays it out, channels-last where the input or the weight is, else channel-first, and
+    holds torch's bfloat16 convolution rounded to float16, for the forms nn.Conv2d calls
+    (stride, padding "same" and "valid", dilation, groups, a padding mode, keywords)."""
+    import gc
+    from cudashim.patches.precision import WideningCache
+    counts = _convolutions_counted(monkeypatch)
+    torch.manual_seed(0)
+    layers = {"plain": torch.nn.Conv2d(6, 8, 3, padding=1),
+              "strided, grouped": torch.nn.Conv2d(6, 8, 3, stride=2, groups=2, bias=False),
+              "same, dilated": torch.nn.Conv2d(6, 8, 3, padding="same", dilation=2),
+              "valid, reflected": torch.nn.Conv2d(6, 8, (3, 5), padding=(1, 2), padding_mode="reflect")}
+    layers = {name: layer.half().eval() for name, layer in layers.items()}
+    x = torch.randn(2, 6, 11, 9).half()
+    channels_last = x.contiguous(memory_format=torch.channels_last)
+    by_hand = {name: _layer_in_bfloat16(layer, x) for name, layer in layers.items()}
+    by_hand_last = _layer_in_bfloat16(layers["plain"], channels_last)
+    _bfloat16_products(speeds)
+    with torch.no_grad():
+        for name, layer in layers.items():
+            for _ in range(2):
+                _close_to_bfloat16s(layer(x), by_hand[name])
+        assert counts == {"packed": 4, "computed": 8}
+        plain = layers["plain"]
+        ours = plain(channels_last)                          # an input laid out channels-last
+        assert ours.is_contiguous(memory_format=torch.channels_last) and not ours.is_contiguous()
+        _close_to_bfloat16s(ours, by_hand_last)
+        keyword = F.conv2d(x, plain.weight, bias=plain.bias, padding=1)
+        _close_to_bfloat16s(keyword, by_hand["plain"])
+        assert counts == {"packed": 4, "computed": 10}
+        cache = next(found for found in gc.get_objects() if isinstance(found, WideningCache))
+        key = (id(plain.weight), BF16)
+        assert cache.packed_convolutions.copies[key][3].is_mkldnn and key not in cache.copies
+        strided = F.conv2d(x, plain.weight, plain.bias, 2, 1)   # the same weight, another stride
+        _close_to_bfloat16s(strided, _by_hand_in_bfloat16(lambda *t: F.conv2d(*t, 2, 1), x, plain.weight, plain.bias))
+        assert counts["packed"] == 5 and counts.results_at[-1] == ([1, 1], [2, 2], [1, 1], 1)
+        plain.weight.mul_(2)                                 # its version moves
+        _close_to_bfloat16s(plain(x), _layer_in_bfloat16(plain, x))
+        assert counts == {"packed": 6, "computed": 12}
+        plain.to(memory_format=torch.channels_last)          # a model made channels-last
+        ours = plain(x)
+        assert ours.is_contiguous(memory_format=torch.channels_last) and counts["packed"] == 7
+        _close_to_bfloat16s(ours, _layer_in_bfloat16(plain, x))
+    assert counts.results_at[:4] == [([1, 1], [1, 1], [1, 1], 1), ([0, 0], [2, 2], [1, 1], 2),
+                                     ([2, 2], [1, 1], [2, 2], 1), ([0, 0], [1, 1], [1, 1], 1)]
+    assert _counted("torch.nn.functional.conv2d") == "float16 computed in bfloat16"
+
+
+def test_a_conv2d_is_left_to_torch_where_packing_cannot_take_it(speeds, monkeypatch):
+    """Training records a gradient through the weight; padding "same" that torch pads unevenly
+    (an even kernel), an input laid out neither way, a weight that is no parameter, an unbatched
+    input: torch's own bfloat16 convolution, with the same values. A call torch refuses raises
+    torch's own error; a program that turned oneDNN off packs nothing."""
+    counts = _convolutions_counted(monkeypatch)
+    torch.manual_seed(1)
+    layer = torch.nn.Conv2d(4, 6, 3, padding=1).half()
+    even = torch.nn.Conv2d(4, 6, 2, padding="same").half().eval()
+    x = torch.randn(2, 4, 8, 8).half()
+    gapped = torch.randn(2, 4, 8, 16).half()[..., ::2]
+    loose = torch.randn(6, 4, 3, 3).half()
+    expected = _layer_in_bfloat16(layer, x)
+    _bfloat16_products(speeds)
+    trained = layer(x)
+    assert trained.grad_fn is not None and torch.equal(trained.detach(), expected)
+    with torch.no_grad():
+        _close_to_bfloat16s(even(x), _layer_in_bfloat16(even, x))
+        assert torch.equal(layer(gapped), _layer_in_bfloat16(layer, gapped))
+        assert torch.equal(F.conv2d(x, loose, padding=1), _by_hand_in_bfloat16(lambda *t: F.conv2d(*t, padding=1), x, loose))
+        assert torch.equal(layer(x[0]), _layer_in_bfloat16(layer, x[0]))
+        with torch.backends.mkldnn.flags(enabled=False):
+            assert torch.equal(layer(x), expected)
+        assert counts == {"packed": 0, "computed": 0}
+        with pytest.raises(RuntimeError) as ours:
+            layer(torch.randn(2, 3, 8, 8).half())            # 3 channels for 4
+        with pytest.raises(RuntimeError) as torchs:
+            layer.float()(torch.randn(2, 3, 8, 8))
+        assert str(ours.value).split(",")[0] == str(torchs.value).split(",")[0]
+
+
+def test_a_packed_convolution_weight_is_kept_within_the_budget_and_dropped_with_its_parameter(monkeypatch):
+    """A conv2d's packed copy is kept as a linear layer's is, with the arguments it was packed
+    for: packed again for others, dropped with the parameter's other copies and at a clear.
+    (A stand-in packs: the bookkeeping is the cache's on every host.)"""
+    from cudashim.kernels import packed_convolution
+    from cudashim.patches.precision import WideningCache
+    monkeypatch.setattr(packed_convolution, "pack", lambda weight, *arguments: weight.clone())
+    cache = WideningCache(budget_bytes=200 * 2)
+    weight = torch.nn.Parameter(torch.ones(4, 2, 3, 3).half(), requires_grad=False)   # 72 numbers
+    plain = cache.widen(weight, BF16)
+    one = ([1, 1], [1, 1], [1, 1], 1)
+    packed = cache.packed_convolution_weight(weight, one, [1, 2, 5, 5])
+    assert cache.packed_convolution_weight(weight, one, [1, 2, 5, 5]) is packed and torch.equal(packed, plain)
+    assert (id(weight), BF16) not in cache.copies and cache.held == 72 * 2
+    other = cache.packed_convolution_weight(weight, ([0, 0], [2, 2], [1, 1], 1), [1, 2, 5, 5])
+    assert other is not packed and cache.held == 72 * 2
+    cache.drop(weight)
+    assert not cache.packed_convolutions.copies and cache.held == 0
+    cache.packed_convolution_weight(weight, one, [1, 2, 5, 5])
+    cache.clear()
+    assert not cache.packed_convolutions.copies and not cache.packed_convolutions.arguments and cache.held == 0
+
+
 def test_a_linear_layer_is_not_packed_where_a_gradient_is_recorded_or_onednn_is_off(speeds, monkeypatch):
     """Training records a gradient through the weight: torch's own bfloat16 linear, which
     autograd knows. A program that turned oneDNN off, or a torch that cannot pack, keeps its

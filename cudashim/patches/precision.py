@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import torch_names
-from ..kernels import native, packed_linear
+from ..kernels import native, packed_convolution, packed_linear
 from ..kernels.out_tensors import written_to
 from ..patching.rewriter import compiled_twin
 from ..patching.watched import WatchedAttributes
@@ -151,7 +151,7 @@ def install(activation):
                 activation.count, policy.float32_regions, policy, _ROWS.get(name),
                 activation.compiled, in_place=owner is torch.Tensor and name in _IN_PLACE,
                 float32_only=name in _FLOAT32_ONLY, attention=name == "scaled_dot_product_attention",
-                at_once=at_once, packs=_PACKED_FORMS.get((owner, name))))
+                at_once=at_once, on_packed=_on_packed_weight_of(owner, name)))
         for name in policy.widened_ops:
             for owner, attribute, api in float16_ops.places(name):
                 activation.replace(owner, attribute, functools.partial(
@@ -229,13 +229,16 @@ class WideningCache:
     (``kernels.packed_linear``) are kept apart, in ``packed.copies`` (``packed_transposed``'s for
     weights laid out in x out), under the same keys, so that ``_at_once`` and its compiled twin
     read them as they read ``copies``: the weight packed (and not also kept plain here), the
-    bias a plain bfloat16 copy."""
+    bias a plain bfloat16 copy. A conv2d's packed weight and its bias are kept alike, in
+    ``packed_convolutions.copies``, with the arguments the weight was packed for."""
 
     def __init__(self, budget_bytes: int = None):
         # (id(parameter), dtype) -> (weak ref, version, weak storage, copy)
         self.copies = {}
         self.packed = types.SimpleNamespace(copies={})
         self.packed_transposed = types.SimpleNamespace(copies={})     # weights laid out in x out
+        # conv2d's, and the (padding, stride, dilation, groups) each was packed for
+        self.packed_convolutions = types.SimpleNamespace(copies={}, arguments={})
         self.budget = _quarter_of_memory() if budget_bytes is None else budget_bytes
         self.held = 0
 
@@ -260,6 +263,25 @@ class WideningCache:
         not be kept (a gradient flows to it, it is a view into a larger buffer, the budget is
         spent): packing costs more than the call it would serve."""
         copies = (self.packed_transposed if transposed else self.packed).copies
+        return self._packed(weight, copies, lambda wide: packed_linear.pack(wide.t() if transposed else wide))
+
+    def packed_convolution_weight(self, weight, arguments, input_size):
+        """``weight`` (a float16 conv2d's) in bfloat16 packed for oneDNN's convolution of
+        ``arguments`` (padding, stride, dilation, groups) over inputs of ``input_size``, kept as
+        ``packed_weight`` keeps a linear layer's; packed again for other arguments."""
+        kept = self.packed_convolutions
+        key = (id(weight), torch.bfloat16)
+        if kept.arguments.get(key) != arguments:
+            self._forget(key, kept.copies)
+        packed = self._packed(weight, kept.copies,
+                              lambda wide: packed_convolution.pack(wide, *arguments, input_size))
+        if packed is not None:
+            kept.arguments[key] = arguments
+        return packed
+
+    def _packed(self, weight, copies, pack):
+        """``weight`` in bfloat16 as ``pack`` lays it out, kept in ``copies`` in place of its plain
+        bfloat16 copy, or None where it would not be kept."""
         key = (id(weight), torch.bfloat16)
         kept = copies.get(key)
         if self._still_holds(kept, weight):
@@ -273,7 +295,7 @@ class WideningCache:
             return None
         storage = weight.untyped_storage()
         wide = plain if plain is not None else converted(weight.detach(), torch.bfloat16)
-        packed = packed_linear.pack(wide.t() if transposed else wide)
+        packed = pack(wide)
         self._forget(key)
         self._keep(copies, key, weight, storage, packed)
         return packed
@@ -310,13 +332,18 @@ class WideningCache:
             self.held -= kept[3].numel() * kept[3].element_size()
 
     def clear(self):
-        for copies in (self.copies, self.packed.copies, self.packed_transposed.copies):
+        for copies in self._all_copies():
             copies.clear()
+        self.packed_convolutions.arguments.clear()
         self.held = 0
+
+    def _all_copies(self):
+        return (self.copies, self.packed.copies, self.packed_transposed.copies,
+                self.packed_convolutions.copies)
 
     def drop(self, parameter):
         """Forget ``parameter``'s copies: its next call widens what it then holds."""
-        for copies in (self.copies, self.packed.copies, self.packed_transposed.copies):
+        for copies in self._all_copies():
             if copies:
                 for dtype in (torch.float32, torch.bfloat16):
                     self._forget((id(parameter), dtype), copies)
@@ -360,15 +387,14 @@ def _quarter_of_memory() -> int:
 
 
 def by_policy(api, first, device_type, cache, count, regions, policy, rows_of, compiled, original,
-              *, in_place=False, float32_only=False, attention=False, at_once=None, packs=None):
+              *, in_place=False, float32_only=False, attention=False, at_once=None, on_packed=None):
     """``original`` computing float16 inputs as the policy chooses; its compiled gate where
     the fast path runs (``_speedups_precision.c``), which behaves as the Python wrapper.
     ``in_place``: ``original`` is a Tensor method writing into the tensor it is called on;
     ``float32_only``: a bfloat16 choice computes it in float32; ``attention``: ``original`` is
     attention, computed in attention's own choices; ``at_once``: ``_at_once`` or its compiled
-    twin (``_at_once_for``); ``packs``: the ``PackedForm`` of ``original`` (F.linear,
-    torch.addmm), computed in bfloat16 on kept weights packed for oneDNN where that runs
-    (``_on_packed_weight``)."""
+    twin (``_at_once_for``); ``on_packed``: ``original`` computed in bfloat16 on its weight kept
+    packed for oneDNN, where that runs (``_on_packed_weight_of``)."""
     at_once = _at_once if at_once is None else at_once
     def reconciled(*args, **kwargs):
         """In a CUDA region run in float32: float16 and bfloat16 operands in float32, as
@@ -418,8 +444,8 @@ def by_policy(api, first, device_type, cache, count, regions, policy, rows_of, c
             return _written_to_out(computed, dtype, cache, args, kwargs, count, reported, choice)
         count(reported, _BECAME[choice])
         if not (torch.is_grad_enabled() and _recording(tensors)):
-            if packs is not None and dtype is torch.bfloat16:
-                result = _on_packed_weight(packs, at_once, cache, args, kwargs)
+            if on_packed is not None and dtype is torch.bfloat16:
+                result = on_packed(at_once, cache, args, kwargs)
                 if result is not NotImplemented:
                     return result
             result = at_once(computed, dtype, cache, args, kwargs)
@@ -561,6 +587,16 @@ _PACKED_FORMS = {
 }
 
 
+def _on_packed_weight_of(owner, name):
+    """How a float16 call of ``owner.name`` is computed in bfloat16 on its weight kept packed
+    for oneDNN: ``(at_once, cache, args, kwargs) -> result``, NotImplemented where it is not;
+    None for a function that has no such form."""
+    form = _PACKED_FORMS.get((owner, name))
+    if form is not None:
+        return functools.partial(_on_packed_weight, form)
+    return _on_packed_convolution if (owner, name) in _PACKED_CONVOLUTIONS else None
+
+
 def _on_packed_weight(form, at_once, cache, args, kwargs):
     """A float16 call of ``form`` computed in bfloat16 on its weight packed for oneDNN and kept
     (``WideningCache.packed_weight``: torch's bfloat16 linear without reordering the weight at
@@ -595,6 +631,88 @@ def _on_packed_weight(form, at_once, cache, args, kwargs):
     finally:
         scratch.given_back(lent, result)
     return _to_half(result, frozenset())          # a result of its own: rounded where it lies
+
+
+_PACKED_CONVOLUTIONS = frozenset({(F, "conv2d"), (torch, "conv2d")})
+_CONVOLUTION_PARAMETERS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+
+
+def _convolution_arguments(args, kwargs):
+    """A ``conv2d`` call's (input, weight, bias, padding, stride, dilation, groups), the sizes as
+    lists of two, or None where the packed path leaves it to torch: padding "same" that torch
+    pads unevenly (or with a stride, which torch refuses), a size that is no pair of integers."""
+    if len(args) > len(_CONVOLUTION_PARAMETERS) \
+            or not kwargs.keys() <= set(_CONVOLUTION_PARAMETERS[len(args):]):
+        return None
+    given = dict(zip(_CONVOLUTION_PARAMETERS, args), **kwargs)
+    x, weight = given.get("input"), given.get("weight")
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 4:
+        return None
+    sizes = []
+    for name, default in (("stride", 1), ("dilation", 1), ("padding", 0)):
+        value = given.get(name, default)
+        if isinstance(value, str):
+            sizes.append(value)
+            continue
+        pair = [value, value] if isinstance(value, int) else list(value)
+        if len(pair) != 2 or not all(type(size) is int for size in pair):
+            return None
+        sizes.append(pair)
+    stride, dilation, padding = sizes
+    if padding == "valid":
+        padding = [0, 0]
+    elif padding == "same":
+        spans = [step * (size - 1) for step, size in zip(dilation, weight.shape[2:])]
+        if stride != [1, 1] or any(span % 2 for span in spans):
+            return None
+        padding = [span // 2 for span in spans]
+    groups = given.get("groups", 1)
+    if isinstance(stride, str) or isinstance(padding, str) or type(groups) is not int:
+        return None
+    return x, weight, given.get("bias"), padding, stride, dilation, groups
+
+
+def _on_packed_convolution(at_once, cache, args, kwargs):
+    """A float16 ``conv2d`` computed in bfloat16 on its weight packed for oneDNN's channels-last
+    kernels and kept (``WideningCache.packed_convolution_weight``), the input converted and laid
+    out channels-last in one pass, the result converted back in the layout CUDA returns
+    (``kernels.packed_convolution``). NotImplemented, with nothing converted, where the weight is
+    not a host parameter kept packed, the input is not a dense 4-D host tensor, the call is one
+    torch would refuse, packing does not run here, or torch.compile or a JIT trace records the
+    call."""
+    arguments = _convolution_arguments(args, kwargs)
+    if arguments is None:
+        return NotImplemented
+    x, weight, bias, padding, stride, dilation, groups = arguments
+    if weight.__class__ is not torch.nn.Parameter or x.__class__ is not torch.Tensor or x.dim() != 4 \
+            or x.dtype is not HALF or weight.dtype is not HALF or not x.is_cpu or not weight.is_cpu \
+            or x.layout is not torch.strided or weight.layout is not torch.strided or not x.numel() \
+            or x.shape[1] != weight.shape[1] * groups or groups < 1 or weight.shape[0] % groups \
+            or (bias is not None and (bias.__class__ not in _PLAIN or bias.dtype is not HALF
+                                      or not bias.is_cpu or bias.shape != weight.shape[:1])):
+        return NotImplemented
+    for size, kernel, pad, step, spacing in zip(x.shape[2:], weight.shape[2:], padding, stride, dilation):
+        if step < 1 or spacing < 1 or pad < 0 or size + 2 * pad < spacing * (kernel - 1) + 1:
+            return NotImplemented                   # torch's own message for what it refuses
+    input_layout, weight_layout = packed_convolution.laid_out(x), packed_convolution.laid_out(weight)
+    if input_layout is None or weight_layout is None or not packed_convolution.usable() \
+            or torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return NotImplemented
+    packed = cache.packed_convolution_weight(weight, (padding, stride, dilation, groups), list(x.shape))
+    if packed is None:
+        return NotImplemented
+    if bias is not None:
+        bias = cache.widen(bias, torch.bfloat16, copies=cache.packed_convolutions.copies)
+    scratch = _SCRATCH
+    lent = scratch.lending()
+    result = ()
+    try:
+        result = packed_convolution.convolution(
+            x, packed, bias, padding, stride, dilation, groups, input_layout or weight_layout,
+            lambda sizes, strides: scratch._borrowed(x.numel() * 2, torch.bfloat16, sizes, strides))
+    finally:
+        scratch.given_back(lent, result)
+    return NotImplemented if result is None else result
 
 
 def _holds_a_tensor(value) -> bool:
