@@ -227,7 +227,7 @@ class PrecisionPolicy:
                  f"{described[choices.memory_bound]}{measured(choices, 'memory-bound')}",
                  f"  compute-bound: {described[choices.compute_bound]}{measured(choices, 'compute-bound')}"]
         if BFLOAT16 in (choices.memory_bound, choices.compute_bound) and self.device_type == "cpu":
-            from .kernels import packed_convolution, packed_linear
+            from .kernels import packed_convolution, packed_encoder_layer, packed_linear
             why_not = packed_linear.unavailable()
             lines.append("  linear layers in bfloat16: " + (
                 "weights kept packed for oneDNN, packed once (torch's own bfloat16 linear reorders them "
@@ -236,6 +236,10 @@ class PrecisionPolicy:
             lines.append("  conv2d layers in bfloat16: " + (
                 "weights kept packed for oneDNN's channels-last kernels, activations converted and laid "
                 "out in one pass each way" if why_not is None else f"weights kept in torch's layout ({why_not})"))
+            why_not = packed_encoder_layer.unavailable()
+            lines.append("  fused attention layers in bfloat16 (nn.TransformerEncoderLayer, nn.MultiheadAttention): " + (
+                "computed op by op on weights kept packed, a padded batch's tokens as one matrix"
+                if why_not is None else f"torch's fused call on plain copies ({why_not})"))
         attention = choices.attention
         if attention is not None:
             lines += [f"float16 attention (scaled_dot_product_attention, {attention.how_known}):",

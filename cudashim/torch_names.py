@@ -89,6 +89,12 @@ NAMES: Dict[str, Name] = {name.path: name for name in (
        "(their products at float16's speed)"),
     _n("torch._transformer_encoder_layer_fwd", "precision", FALLBACK,
        "as torch._native_multi_head_attention, for nn.TransformerEncoderLayer's fused path"),
+    *(_n(path, "precision", FALLBACK,
+         "a padded batch that nn.TransformerEncoder hands its float16 layers as a nested tensor is "
+         "computed by torch's fused layer on plain bfloat16 copies, as in a bfloat16 port; a dense "
+         "batch is computed op by op on packed weights all the same")
+      for path in ("torch._nested_view_from_buffer", "torch.Tensor._nested_tensor_size",
+                   "torch.Tensor._nested_tensor_strides", "torch.Tensor._nested_tensor_storage_offsets")),
     _n("torch._foreach_norm", "reductions", FALLBACK,
        "nothing to patch: a torch without foreach norms takes each gradient's norm in "
        "clip_grad_norm_ with torch.linalg.vector_norm, which is patched"),

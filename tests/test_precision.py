@@ -1355,6 +1355,152 @@ def test_the_fused_attention_layers_compute_float16_in_each_shape_classs_choice(
     assert _counted("torch._transformer_encoder_layer_fwd (memory-bound)") == "float16 as asked"
 
 
+def _encoder_layers_counted(monkeypatch):
+    """Counts of weights packed and of encoder layers computed op by op (``kernels.
+    packed_encoder_layer``). Skips where linear layers do not pack here, saying why; where they
+    do, the encoder layers' probe passes (a wrong value or mask there turns the path off)."""
+    from cudashim.kernels import packed_encoder_layer, packed_linear
+    reason = packed_linear.unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    assert packed_encoder_layer.unavailable() is None
+    counts = _Counts(packed=0, computed=0, attended=0)
+    pack, encoder_layer = packed_linear.pack, packed_encoder_layer.encoder_layer
+    self_attention = packed_encoder_layer.self_attention
+
+    def packing(weight):
+        counts["packed"] += 1
+        return pack(weight)
+
+    def computing(*args, **kwargs):
+        counts["computed"] += 1
+        return encoder_layer(*args, **kwargs)
+
+    def attending(*args, **kwargs):
+        counts["attended"] += 1
+        return self_attention(*args, **kwargs)
+    monkeypatch.setattr(packed_linear, "pack", packing)
+    monkeypatch.setattr(packed_encoder_layer, "encoder_layer", computing)
+    monkeypatch.setattr(packed_encoder_layer, "self_attention", attending)
+    return counts
+
+
+def _error(result, exact):
+    return (result.double() - exact).abs().max().item()
+
+
+def test_an_encoder_layer_in_bfloat16_runs_op_by_op_on_packed_weights_as_accurately_as_its_port(speeds, monkeypatch):
+    """nn.TransformerEncoderLayer's fused inference path in float16, computed in bfloat16, runs op
+    by op on its four weights packed once: over the nested batch nn.TransformerEncoder makes of a
+    padded one (sequences of three lengths), and over dense batches with a padding mask, a
+    boolean attention mask merged with it, or none, post-norm with GELU and pre-norm with ReLU.
+    Each result has the fused call's form and is as close to the layer in float64 as a bfloat16
+    port's; padded positions of a nested batch stay zero."""
+    import copy
+    counts = _encoder_layers_counted(monkeypatch)
+    torch.manual_seed(0)
+    nested = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(
+        64, 4, 96, batch_first=True, activation="gelu"), 2, enable_nested_tensor=True)
+    pre_norm = torch.nn.TransformerEncoderLayer(64, 4, 96, batch_first=True, norm_first=True)
+    x = torch.randn(3, 10, 64)
+    padding = torch.zeros(3, 10, dtype=torch.bool)
+    padding[1, 7:], padding[2, 4:] = True, True
+    banded = (torch.arange(10)[:, None] - torch.arange(10)).abs() > 6      # True: left out
+    calls = {"nested": (nested, lambda model, t: model(t, src_key_padding_mask=padding)),
+             "padded, pre-norm": (pre_norm, lambda model, t: model(t, src_key_padding_mask=padding)),
+             "banded and padded": (pre_norm, lambda model, t: model(t, src_mask=banded, src_key_padding_mask=padding)),
+             "no mask": (pre_norm, lambda model, t: model(t))}
+    models = {id(model): model.half().eval() for model, _ in calls.values()}
+    assert len(models) == 2
+    x = x.half()
+    with torch.no_grad():
+        exact = {name: call(copy.deepcopy(model).double(), x.double()) for name, (model, call) in calls.items()}
+        port = {name: call(copy.deepcopy(model).bfloat16(), x.bfloat16()) for name, (model, call) in calls.items()}
+    _bfloat16_products(speeds)
+    with torch.no_grad():
+        for name, (model, call) in calls.items():
+            for _ in range(2):
+                ours = call(model, x)
+                assert ours.dtype == HALF and ours.shape == x.shape, name
+                assert _error(ours, exact[name]) <= 2 * _error(port[name], exact[name]) + 2 ** -9, name
+        assert torch.equal(ours, call(model, x))
+        nested_result = calls["nested"][1](nested, x)
+    assert counts == {"packed": 12, "computed": 2 * 2 + 3 * 2 + 1 + 2, "attended": 13}
+    assert not ours.isnan().any() and ours.abs().max() > 0.5
+    assert torch.equal(nested_result[padding], torch.zeros_like(nested_result[padding]))
+    assert _counted("torch._transformer_encoder_layer_fwd") == "float16 computed in bfloat16"
+
+
+def test_multi_head_attention_in_bfloat16_runs_op_by_op_on_packed_weights_with_its_weights(speeds, monkeypatch):
+    """nn.MultiheadAttention's fused inference path (self-attention) in float16, computed in
+    bfloat16, runs op by op on its two weights packed once, as programs call it: the attention
+    weights averaged over the heads (the default), one set per head, or none; a key padding mask,
+    an attention mask, or a nested batch. Each result, and each weight, is as close to the layer
+    in float64 as a bfloat16 port's."""
+    import copy
+    counts = _encoder_layers_counted(monkeypatch)
+    torch.manual_seed(3)
+    attention = torch.nn.MultiheadAttention(64, 4, batch_first=True).half().eval()
+    x = torch.randn(3, 9, 64).half()
+    padding = torch.zeros(3, 9, dtype=torch.bool)
+    padding[1, 6:], padding[2, 3:] = True, True
+    causal = torch.ones(9, 9, dtype=torch.bool).triu(1)                      # True: left out
+    calls = {"averaged, padded": lambda layer, t: layer(t, t, t, key_padding_mask=padding),
+             "each head, causal": lambda layer, t: layer(t, t, t, attn_mask=causal, average_attn_weights=False),
+             "no weights, padded": lambda layer, t: layer(t, t, t, key_padding_mask=padding, need_weights=False)}
+    with torch.no_grad():
+        exact = {name: call(copy.deepcopy(attention).double(), x.double()) for name, call in calls.items()}
+        port = {name: call(copy.deepcopy(attention).bfloat16(), x.bfloat16()) for name, call in calls.items()}
+        sequences = [x[0], x[1, :6], x[2, :3]]
+        wide = copy.deepcopy(attention).double()
+        exact_nested = [wide(*[t[None].double()] * 3, need_weights=False)[0][0] for t in sequences]
+        nested = torch.nested.nested_tensor(sequences)
+    _bfloat16_products(speeds)
+    with torch.no_grad():
+        for name, call in calls.items():
+            ours, weights = call(attention, x)
+            assert ours.dtype == HALF and ours.shape == x.shape, name
+            assert _error(ours, exact[name][0]) <= 2 * _error(port[name][0], exact[name][0]) + 2 ** -9, name
+            if exact[name][1] is None:
+                assert weights is None, name
+                continue
+            assert weights.dtype == HALF and weights.shape == exact[name][1].shape, name
+            assert _error(weights, exact[name][1]) <= 2 * _error(port[name][1], exact[name][1]) + 2 ** -9, name
+        ours, weights = attention(nested, nested, nested, need_weights=False)
+    assert ours.is_nested and weights is None
+    for sequence, expected in zip(ours.unbind(), exact_nested):
+        assert sequence.dtype == HALF and _error(sequence, expected) <= 2 ** -6
+    assert counts == {"packed": 2, "computed": 0, "attended": 4}
+    assert _counted("torch._native_multi_head_attention") == "float16 computed in bfloat16"
+
+
+def test_an_encoder_layer_is_left_to_torchs_fused_call_where_op_by_op_cannot_take_it(speeds, monkeypatch):
+    """A dense batch with a sequence padded whole (a query that attends to no key, which the fused
+    call gives zeros) and a program that turned oneDNN off: torch's fused layer on bfloat16
+    copies, the values a bfloat16 port computes, nothing packed."""
+    import copy
+    counts = _encoder_layers_counted(monkeypatch)
+    torch.manual_seed(2)
+    layer = torch.nn.TransformerEncoderLayer(32, 2, 64, batch_first=True)
+    x = torch.randn(2, 6, 32).half()
+    padding = torch.zeros(2, 6, dtype=torch.bool)
+    padding[1] = True
+    layer.half().eval()
+    with torch.no_grad():
+        port = copy.deepcopy(layer).bfloat16()
+        expected = port(x.bfloat16(), src_key_padding_mask=padding).half()
+        with torch.backends.mkldnn.flags(enabled=False):
+            expected_without = port(x.bfloat16()).half()
+    _bfloat16_products(speeds)
+    with torch.no_grad():
+        ours = layer(x, src_key_padding_mask=padding)
+        torch.testing.assert_close(ours, expected, rtol=0, atol=0, equal_nan=True)
+        with torch.backends.mkldnn.flags(enabled=False):
+            assert torch.equal(layer(x), expected_without)
+    assert counts == {"packed": 0, "computed": 0, "attended": 0}
+    assert _counted("torch._transformer_encoder_layer_fwd") == "float16 computed in bfloat16"
+
+
 def test_recurrent_layers_compute_float16_in_float32_and_train(speeds):
     """nn.LSTM, nn.GRU and nn.LSTMCell run torch._VF's fused ops, their products inside: where
     float16 is slow they compute in float32, as the same layers in float32 would, rounded to

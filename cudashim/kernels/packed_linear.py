@@ -84,7 +84,9 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     return _ops["reorder"](weight)
 
 
-def linear(x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+def linear(x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor],
+           activation: str = "none") -> torch.Tensor:
     """``F.linear(x, weight, bias)`` in bfloat16 on ``pack(weight)``: a dense bfloat16 tensor.
-    No gradient is recorded through it."""
-    return _ops["linear"](x, packed, bias, "none", [], "")
+    ``activation``: "relu" or "gelu" (exact, as ``F.gelu``) applied by oneDNN before the result
+    is rounded to bfloat16. No gradient is recorded through it."""
+    return _ops["linear"](x, packed, bias, activation, [], "none" if activation == "gelu" else "")

@@ -31,7 +31,9 @@ computed in float32 only where the host measured that faster by a clear margin
 (``by_measurement``, ``tables/float16_ops.WIDEN_BELOW``); elsewhere, most hosts, they run as
 asked and are not wrapped at all. A call with no gradient recorded, kept parameters and plain
 host operands, nearly every call of inference, is computed in one frame (``_at_once``; its
-compiled twin ``AtOnce`` where the fast path runs).
+compiled twin ``AtOnce`` where the fast path runs). In bfloat16 on a host CPU, linear layers and
+conv2d read their weights packed for oneDNN, and the fused attention layers are computed op by op
+on packed weights (``_on_packed_weight_of``).
 
 Where the target has a reduced-precision float32 matmul, the program's own TF32 flags
 (``torch.backends.cuda.matmul.allow_tf32``, ``...matmul.fp32_precision``,
@@ -52,7 +54,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import torch_names
-from ..kernels import native, packed_convolution, packed_linear
+from ..kernels import native, packed_convolution, packed_encoder_layer, packed_linear
 from ..kernels.out_tensors import written_to
 from ..patching.rewriter import compiled_twin
 from ..patching.watched import WatchedAttributes
@@ -594,6 +596,8 @@ def _on_packed_weight_of(owner, name):
     form = _PACKED_FORMS.get((owner, name))
     if form is not None:
         return functools.partial(_on_packed_weight, form)
+    if owner is torch and name in _PACKED_FUSED_LAYERS:
+        return _PACKED_FUSED_LAYERS[name]
     return _on_packed_convolution if (owner, name) in _PACKED_CONVOLUTIONS else None
 
 
@@ -713,6 +717,118 @@ def _on_packed_convolution(at_once, cache, args, kwargs):
     finally:
         scratch.given_back(lent, result)
     return NotImplemented if result is None else result
+
+
+_ENCODER_LAYER_PARAMETERS = (
+    "src", "embed_dim", "num_heads", "qkv_weight", "qkv_bias", "proj_weight", "proj_bias", "use_gelu",
+    "norm_first", "eps", "norm_weight_1", "norm_bias_1", "norm_weight_2", "norm_bias_2", "ffn_weight_1",
+    "ffn_bias_1", "ffn_weight_2", "ffn_bias_2", "mask", "mask_type")
+_ATTENTION_PARAMETERS = (
+    "query", "key", "value", "embed_dim", "num_head", "qkv_weight", "qkv_bias", "proj_weight", "proj_bias",
+    "mask", "need_weights", "average_attn_weights", "mask_type")
+
+
+def _fused_layer_arguments(parameters, required, args, kwargs):
+    """A fused layer's call as {parameter: value}, or None where it is no call of ``parameters``
+    with at least ``required`` of them."""
+    if len(args) > len(parameters) or not kwargs.keys() <= set(parameters[len(args):]):
+        return None
+    given = dict(zip(parameters, args), **kwargs)
+    return given if len(given) >= required else None
+
+
+def _packed_layer(cache, batch, width, heads, weights, vectors, mask, mask_type):
+    """What a fused layer computed op by op reads: (the batch's ``Tokens``, its tokens in
+    bfloat16, the weights packed and kept, the vectors in bfloat16 and kept, attention's mask),
+    or None, with nothing converted, where it cannot be computed so: ``batch`` is no float16 host
+    tensor in either form, a weight ((parameter, shape) pairs) no host float16 parameter, a vector
+    ((tensor, size) pairs) no host float16 vector, the mask one the fused call reads otherwise,
+    packing does not run here, or torch.compile or a JIT trace records the call."""
+    if batch.__class__ is not torch.Tensor or batch.dtype is not HALF or not batch.is_cpu \
+            or type(width) is not int or type(heads) is not int or heads < 1 or width % heads \
+            or not packed_encoder_layer.usable() or torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return None
+    for weight, shape in weights:
+        if weight.__class__ is not torch.nn.Parameter or weight.dtype is not HALF or not weight.is_cpu \
+                or weight.layout is not torch.strided or tuple(weight.shape) != shape:
+            return None
+    for vector, size in vectors:
+        if vector.__class__ not in _PLAIN or vector.dtype is not HALF or not vector.is_cpu \
+                or vector.layout is not torch.strided or tuple(vector.shape) != (size,):
+            return None
+    tokens = packed_encoder_layer.tokens_of(batch)
+    if tokens is None or tokens.matrix.shape[1] != width or not tokens.matrix.numel():
+        return None
+    try:
+        attends = packed_encoder_layer.attention_mask(mask, mask_type, tokens, heads)
+    except ValueError:
+        return None
+    packed = [cache.packed_weight(weight) for weight, _ in weights]
+    if any(weight is None for weight in packed):
+        return None
+    kept = [cache.widen(vector, torch.bfloat16, copies=cache.packed.copies) for vector, _ in vectors]
+    return tokens, converted(tokens.matrix, torch.bfloat16), packed, kept, attends
+
+
+def _on_packed_encoder_layer(at_once, cache, args, kwargs):
+    """A float16 ``torch._transformer_encoder_layer_fwd`` (nn.TransformerEncoderLayer's fused
+    inference path) computed in bfloat16 op by op, its four products on their weights packed for
+    oneDNN and kept, a nested batch's tokens as one matrix (``kernels.packed_encoder_layer``), its
+    result rounded to float16 once, in the form the fused call returns. NotImplemented, with
+    nothing converted, where ``_packed_layer`` cannot take it."""
+    given = _fused_layer_arguments(_ENCODER_LAYER_PARAMETERS, 18, args, kwargs)
+    if given is None or type(given["use_gelu"]) is not bool or type(given["norm_first"]) is not bool:
+        return NotImplemented
+    width, ffn_weight_1 = given["embed_dim"], given["ffn_weight_1"]
+    hidden = ffn_weight_1.shape[0] if isinstance(ffn_weight_1, torch.Tensor) and ffn_weight_1.dim() == 2 else 0
+    layer = _packed_layer(
+        cache, given["src"], width, given["num_heads"],
+        list(zip([given[name] for name in ("qkv_weight", "proj_weight", "ffn_weight_1", "ffn_weight_2")],
+                 ((3 * width, width), (width, width), (hidden, width), (width, hidden)))),
+        list(zip([given[name] for name in ("qkv_bias", "proj_bias", "ffn_bias_1", "ffn_bias_2", "norm_weight_1",
+                                           "norm_bias_1", "norm_weight_2", "norm_bias_2")],
+                 (3 * width, width, hidden, width, width, width, width, width))),
+        given.get("mask"), given.get("mask_type"))
+    if layer is None:
+        return NotImplemented
+    tokens, x, packed, kept, attends = layer
+    result = packed_encoder_layer.encoder_layer(
+        x, tokens, given["num_heads"], *zip(packed, kept[:4]), tuple(kept[4:6]), tuple(kept[6:]),
+        use_gelu=given["use_gelu"], norm_first=given["norm_first"], eps=given["eps"], attends=attends)
+    return tokens.rebuilt(_to_half(result, frozenset()))     # a result of its own: rounded where it lies
+
+
+def _on_packed_attention(at_once, cache, args, kwargs):
+    """A float16 ``torch._native_multi_head_attention`` (nn.MultiheadAttention's fused inference
+    path, self-attention) computed in bfloat16 op by op as an encoder layer's attention is
+    (``_on_packed_encoder_layer``), with the attention weights where it is asked for them (averaged
+    over the heads or not), rounded to float16 once each. NotImplemented where query, key and value
+    are not one tensor, or weights are asked of a nested batch, or ``_packed_layer`` cannot take it."""
+    given = _fused_layer_arguments(_ATTENTION_PARAMETERS, 9, args, kwargs)
+    if given is None or not given["query"] is given["key"] is given["value"]:
+        return NotImplemented
+    need_weights, average = given.get("need_weights", True), given.get("average_attn_weights", True)
+    if type(need_weights) is not bool or type(average) is not bool \
+            or (need_weights and given["query"].is_nested):
+        return NotImplemented
+    width = given["embed_dim"]
+    layer = _packed_layer(
+        cache, given["query"], width, given["num_head"],
+        [(given["qkv_weight"], (3 * width, width)), (given["proj_weight"], (width, width))],
+        [(given["qkv_bias"], 3 * width), (given["proj_bias"], width)], given.get("mask"), given.get("mask_type"))
+    if layer is None:
+        return NotImplemented
+    tokens, x, packed, kept, attends = layer
+    result, weights = packed_encoder_layer.self_attention(
+        x, tokens, given["num_head"], *zip(packed, kept), attends,
+        weights="averaged" if need_weights and average else "each head" if need_weights else None)
+    return (tokens.rebuilt(_to_half(result, frozenset())),
+            None if weights is None else _to_half(weights, frozenset()))
+
+
+# torch's fused layers computed op by op on packed weights, by name
+_PACKED_FUSED_LAYERS = {"_transformer_encoder_layer_fwd": _on_packed_encoder_layer,
+                        "_native_multi_head_attention": _on_packed_attention}
 
 
 def _holds_a_tensor(value) -> bool:
