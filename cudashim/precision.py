@@ -233,7 +233,7 @@ class PrecisionPolicy:
                 "weights kept packed for oneDNN, packed once (torch's own bfloat16 linear reorders them "
                 "at every call)" if why_not is None else f"weights kept in torch's layout ({why_not})"))
             why_not = packed_convolution.unavailable()
-            lines.append("  conv2d layers in bfloat16: " + (
+            lines.append("  conv1d and conv2d layers in bfloat16: " + (
                 "weights kept packed for oneDNN's channels-last kernels, activations converted and laid "
                 "out in one pass each way" if why_not is None else f"weights kept in torch's layout ({why_not})"))
             why_not = packed_encoder_layer.unavailable()

@@ -80,7 +80,7 @@ NAMES: Dict[str, Name] = {name.path: name for name in (
          "oneDNN reorders at every call, as in a bfloat16 port")
       for name in ("_reorder_linear_weight", "_linear_pointwise", "_is_mkldnn_bf16_supported")),
     *(_n(path, "precision", FALLBACK,
-         "float16 conv2d layers computed in bfloat16 keep a plain copy of their weight, which "
+         "float16 conv1d and conv2d layers computed in bfloat16 keep a plain copy of their weight, which "
          "oneDNN reorders at every call, and their activations are converted and permuted in "
          "torch's two passes each way, as in a bfloat16 port")
       for path in ("torch._C._nn.mkldnn_reorder_conv2d_weight", "torch.ops.mkldnn._convolution_pointwise")),

@@ -741,6 +741,35 @@ def test_a_conv2d_layer_in_bfloat16_packs_its_weight_once_and_lays_out_its_resul
     assert _counted("torch.nn.functional.conv2d") == "float16 computed in bfloat16"
 
 
+def test_a_conv1d_layer_in_bfloat16_packs_its_weight_as_a_conv2d_of_height_one(speeds, monkeypatch):
+    """A float16 conv1d computed in bfloat16 (audio front ends: wav2vec2's feature encoder, Whisper's
+    two convolutions) is packed as a conv2d of height one: its weight packed once, for its
+    arguments, and its result dense and contiguous as cuDNN returns a 1-D convolution's, from a
+    contiguous input or one transposed from (batch, position, channel), holding torch's bfloat16
+    conv1d rounded to float16. An unbatched input is torch's own."""
+    counts = _convolutions_counted(monkeypatch)
+    torch.manual_seed(4)
+    layers = {"strided, one channel in": torch.nn.Conv1d(1, 8, 10, 5, bias=False),
+              "padded": torch.nn.Conv1d(6, 8, 3, padding=1),
+              "same, dilated, grouped": torch.nn.Conv1d(6, 8, 3, padding="same", dilation=2, groups=2)}
+    layers = {name: layer.half().eval() for name, layer in layers.items()}
+    inputs = {"strided, one channel in": torch.randn(2, 1, 57).half(), "padded": torch.randn(2, 6, 13).half(),
+              "same, dilated, grouped": torch.randn(2, 13, 6).half().transpose(1, 2)}
+    by_hand = {name: _layer_in_bfloat16(layer, inputs[name]).contiguous() for name, layer in layers.items()}
+    unbatched = _layer_in_bfloat16(layers["padded"], inputs["padded"][0])
+    _bfloat16_products(speeds)
+    with torch.no_grad():
+        for name, layer in layers.items():
+            for _ in range(2):
+                _close_to_bfloat16s(layer(inputs[name]), by_hand[name])
+        assert counts == {"packed": 3, "computed": 6}
+        assert counts.results_at == [([0, 0], [1, 5], [1, 1], 1), ([0, 1], [1, 1], [1, 1], 1),
+                                     ([0, 2], [1, 1], [1, 2], 2)]
+        assert torch.equal(layers["padded"](inputs["padded"][0]), unbatched)
+        assert counts == {"packed": 3, "computed": 6}
+    assert _counted("torch.nn.functional.conv1d") == "float16 computed in bfloat16"
+
+
 def test_a_conv2d_is_left_to_torch_where_packing_cannot_take_it(speeds, monkeypatch):
     """Training records a gradient through the weight; padding "same" that torch pads unevenly
     (an even kernel), an input laid out neither way, a weight that is no parameter, an unbatched

@@ -88,9 +88,12 @@ def usable() -> bool:
 
 def pack(weight: torch.Tensor, padding: List[int], stride: List[int], dilation: List[int],
          groups: int, input_size: List[int]) -> torch.Tensor:
-    """``weight`` (bfloat16, out x in/groups x kH x kW) in oneDNN's layout for a convolution of
-    these arguments over an input of ``input_size`` (a call on another size is computed alike,
-    oneDNN reordering the weight where its kernel wants another layout)."""
+    """``weight`` (bfloat16, out x in/groups x kH x kW, or a conv1d's out x in/groups x k, packed as
+    a height of one) in oneDNN's layout for a convolution of these arguments over an input of
+    ``input_size`` (a call on another size is computed alike, oneDNN reordering the weight where
+    its kernel wants another layout)."""
+    if weight.dim() == 3:
+        weight = weight.unsqueeze(2)
     return _ops["reorder"](weight.contiguous().to_mkldnn(), padding, stride, dilation, groups, input_size)
 
 
@@ -104,13 +107,14 @@ def laid_out(x: torch.Tensor) -> Optional[bool]:
 
 def convolution(x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor],
                 padding: Sequence[int], stride: Sequence[int], dilation: Sequence[int], groups: int,
-                channels_last: bool, borrowed=None) -> Optional[torch.Tensor]:
+                channels_last: bool, borrowed=None, squeezed: bool = False) -> Optional[torch.Tensor]:
     """``F.conv2d`` of ``x`` (float16, 4-D, laid out as ``laid_out`` says) on ``pack(weight)``, in
     bfloat16, rounded to float16 once, channels-last where ``channels_last`` says so (as CUDA lays
     it out where the input or the weight is), else channel-first. ``borrowed(size, strides)``
     lends a bfloat16 buffer for the converted input (the policy's kept buffers), else one is
-    made. No gradient is recorded through it. None, with nothing computed, where the compiled
-    conversions do not run here."""
+    made. ``squeezed``: ``x`` is a conv1d's input of height one, and the result a dense 3-D
+    tensor, its height dropped. No gradient is recorded through it. None, with nothing computed,
+    where the compiled conversions do not run here."""
     batch, channels, height, width = x.shape
     strides = (height * width * channels, 1, width * channels, channels)
     wide = borrowed(x.shape, strides) if borrowed is not None \
@@ -126,6 +130,6 @@ def convolution(x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tens
     if channels_last:                       # oneDNN's result is channels-last: rounded where it lies
         return native.reduced_converted_in_place(result, torch.float16, frozenset())
     batch, channels, height, width = result.shape
-    out = torch.empty(result.shape, dtype=torch.float16, device="cpu")
+    out = torch.empty((batch, channels, width) if squeezed else result.shape, dtype=torch.float16, device="cpu")
     native.converted_transposed_into(result, out, torch.float16, batch, height * width, channels)
     return out

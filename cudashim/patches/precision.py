@@ -637,37 +637,39 @@ def _on_packed_weight(form, at_once, cache, args, kwargs):
     return _to_half(result, frozenset())          # a result of its own: rounded where it lies
 
 
-_PACKED_CONVOLUTIONS = frozenset({(F, "conv2d"), (torch, "conv2d")})
+_PACKED_CONVOLUTIONS = frozenset({(F, "conv2d"), (torch, "conv2d"), (F, "conv1d"), (torch, "conv1d")})
 _CONVOLUTION_PARAMETERS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
 
 
 def _convolution_arguments(args, kwargs):
-    """A ``conv2d`` call's (input, weight, bias, padding, stride, dilation, groups), the sizes as
-    lists of two, or None where the packed path leaves it to torch: padding "same" that torch
-    pads unevenly (or with a stride, which torch refuses), a size that is no pair of integers."""
+    """A ``conv2d`` or ``conv1d`` call's (input, weight, bias, padding, stride, dilation, groups),
+    the sizes as lists of one per spatial dimension (the weight's), or None where the packed path
+    leaves it to torch: padding "same" that torch pads unevenly (or with a stride, which torch
+    refuses), a size that is no integer or tuple of them."""
     if len(args) > len(_CONVOLUTION_PARAMETERS) \
             or not kwargs.keys() <= set(_CONVOLUTION_PARAMETERS[len(args):]):
         return None
     given = dict(zip(_CONVOLUTION_PARAMETERS, args), **kwargs)
     x, weight = given.get("input"), given.get("weight")
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 4:
+    if not isinstance(weight, torch.Tensor) or weight.dim() not in (3, 4):
         return None
+    dimensions = weight.dim() - 2
     sizes = []
     for name, default in (("stride", 1), ("dilation", 1), ("padding", 0)):
         value = given.get(name, default)
         if isinstance(value, str):
             sizes.append(value)
             continue
-        pair = [value, value] if isinstance(value, int) else list(value)
-        if len(pair) != 2 or not all(type(size) is int for size in pair):
+        each = [value] * dimensions if isinstance(value, int) else list(value)
+        if len(each) != dimensions or not all(type(size) is int for size in each):
             return None
-        sizes.append(pair)
+        sizes.append(each)
     stride, dilation, padding = sizes
     if padding == "valid":
-        padding = [0, 0]
+        padding = [0] * dimensions
     elif padding == "same":
         spans = [step * (size - 1) for step, size in zip(dilation, weight.shape[2:])]
-        if stride != [1, 1] or any(span % 2 for span in spans):
+        if stride != [1] * dimensions or any(span % 2 for span in spans):
             return None
         padding = [span // 2 for span in spans]
     groups = given.get("groups", 1)
@@ -677,18 +679,19 @@ def _convolution_arguments(args, kwargs):
 
 
 def _on_packed_convolution(at_once, cache, args, kwargs):
-    """A float16 ``conv2d`` computed in bfloat16 on its weight packed for oneDNN's channels-last
-    kernels and kept (``WideningCache.packed_convolution_weight``), the input converted and laid
-    out channels-last in one pass, the result converted back in the layout CUDA returns
-    (``kernels.packed_convolution``). NotImplemented, with nothing converted, where the weight is
-    not a host parameter kept packed, the input is not a dense 4-D host tensor, the call is one
-    torch would refuse, packing does not run here, or torch.compile or a JIT trace records the
-    call."""
+    """A float16 ``conv2d`` or ``conv1d`` computed in bfloat16 on its weight packed for oneDNN's
+    channels-last kernels and kept (``WideningCache.packed_convolution_weight``), the input
+    converted and laid out channels-last in one pass, the result converted back in the layout CUDA
+    returns (``kernels.packed_convolution``; a conv1d is a conv2d of height one, its result
+    contiguous, as cuDNN returns a 1-D convolution's). NotImplemented, with nothing converted,
+    where the weight is not a host parameter kept packed, the input is not a dense batched host
+    tensor, the call is one torch would refuse, packing does not run here, or torch.compile or a
+    JIT trace records the call."""
     arguments = _convolution_arguments(args, kwargs)
     if arguments is None:
         return NotImplemented
     x, weight, bias, padding, stride, dilation, groups = arguments
-    if weight.__class__ is not torch.nn.Parameter or x.__class__ is not torch.Tensor or x.dim() != 4 \
+    if weight.__class__ is not torch.nn.Parameter or x.__class__ is not torch.Tensor or x.dim() != weight.dim() \
             or x.dtype is not HALF or weight.dtype is not HALF or not x.is_cpu or not weight.is_cpu \
             or x.layout is not torch.strided or weight.layout is not torch.strided or not x.numel() \
             or x.shape[1] != weight.shape[1] * groups or groups < 1 or weight.shape[0] % groups \
@@ -698,7 +701,13 @@ def _on_packed_convolution(at_once, cache, args, kwargs):
     for size, kernel, pad, step, spacing in zip(x.shape[2:], weight.shape[2:], padding, stride, dilation):
         if step < 1 or spacing < 1 or pad < 0 or size + 2 * pad < spacing * (kernel - 1) + 1:
             return NotImplemented                   # torch's own message for what it refuses
-    input_layout, weight_layout = packed_convolution.laid_out(x), packed_convolution.laid_out(weight)
+    one_dimensional = x.dim() == 3
+    if one_dimensional:                             # a conv2d of height one
+        x, weight_layout = x.unsqueeze(2), packed_convolution.laid_out(weight.unsqueeze(2))
+        padding, stride, dilation = [0, *padding], [1, *stride], [1, *dilation]
+    else:
+        weight_layout = packed_convolution.laid_out(weight)
+    input_layout = packed_convolution.laid_out(x)
     if input_layout is None or weight_layout is None or not packed_convolution.usable() \
             or torch.compiler.is_compiling() or torch.jit.is_tracing():
         return NotImplemented
@@ -712,8 +721,10 @@ def _on_packed_convolution(at_once, cache, args, kwargs):
     result = ()
     try:
         result = packed_convolution.convolution(
-            x, packed, bias, padding, stride, dilation, groups, input_layout or weight_layout,
-            lambda sizes, strides: scratch._borrowed(x.numel() * 2, torch.bfloat16, sizes, strides))
+            x, packed, bias, padding, stride, dilation, groups,
+            not one_dimensional and (input_layout or weight_layout),
+            lambda sizes, strides: scratch._borrowed(x.numel() * 2, torch.bfloat16, sizes, strides),
+            squeezed=one_dimensional)
     finally:
         scratch.given_back(lent, result)
     return NotImplemented if result is None else result
