@@ -206,7 +206,8 @@ def render_precision(result):
     ops = result.get("float16_ops")
     if ops:
         def timed(choice):
-            return ", ".join(f"{name} ({ms(times['as-asked'])} as asked, {ms(times['float32'])} in float32)"
+            return ", ".join(f"{name} ({ms(times['as-asked'])} as asked, {ms(times['float32'])} in float32"
+                             f"{_widened_up_to(times) if choice == 'float32' else ''})"
                              for name, times in ops.items() if times["choice"] == choice) or "none"
         lines += ["", f"The other float16 ops, timed here both ways (float32 with its two conversions): "
                       f"computed in float32: {timed('float32')}; as asked: {timed('as-asked')}."]
@@ -219,6 +220,15 @@ def render_precision(result):
                      f"{_precision_verdict(row)} | "
                      f"{ms(row['as_asked_ms'])} | {ports} |")
     return "Precision at the target's speed", lines
+
+
+def _widened_up_to(times):
+    """Up to which input size a widened op runs in float32 (absent from results older than
+    the grown timings)."""
+    if "widened_up_to" not in times:
+        return ""
+    up_to = times["widened_up_to"]
+    return "; at every size timed" if up_to is None else f"; up to {up_to:,} elements"
 
 
 def _ratio_spread(row):

@@ -254,7 +254,8 @@ class PrecisionPolicy:
             return []
 
         def timed(names):
-            return ", ".join(f"{name} ({AS_ASKED} {measured[AS_ASKED]:.3g} ms, {FLOAT32} {measured[FLOAT32]:.3g} ms)"
+            return ", ".join(f"{name} ({AS_ASKED} {measured[AS_ASKED]:.3g} ms, {FLOAT32} {measured[FLOAT32]:.3g} ms"
+                             f"{_widened_sizes(measured) if name in widened else ''})"
                              for name, measured in self.float16_ops.items() if name in names)
         widened = self.widened_ops
         kept = [name for name in self.float16_ops if name not in widened]
@@ -264,3 +265,21 @@ class PrecisionPolicy:
         if widened:
             lines.append(f"  in float32, rounded to float16 once: {timed(widened)}")
         return lines
+
+
+def _widened_sizes(measured: dict) -> str:
+    """For doctor: the input sizes a widened op runs in float32 at, and the grown timing that
+    set the bound."""
+    grown = sorted(measured.get("grown") or ())
+    up_to = measured.get("widened_up_to")
+    if up_to is None:
+        if not grown:
+            return ""
+        elements, asked, widened = grown[-1]
+        return f"; at every size: at {elements:,} elements {AS_ASKED} {asked:.3g} ms, {FLOAT32} {widened:.3g} ms"
+    beyond = next((timing for timing in grown if timing[0] > up_to), None)
+    said = f"; up to {up_to:,} elements, as asked beyond"
+    if beyond is not None:
+        elements, asked, widened = beyond
+        said += f" (at {elements:,}: {AS_ASKED} {asked:.3g} ms, {FLOAT32} {widened:.3g} ms)"
+    return said

@@ -1563,7 +1563,7 @@ def test_the_other_float16_ops_are_timed_both_ways_and_widened_only_where_float3
     random numbers are not drawn from."""
     from cudashim.backends import cpu_speed
     from cudashim.precision import AS_ASKED, FLOAT32
-    from cudashim.tables.float16_ops import OPS, WIDEN_BELOW, places
+    from cudashim.tables.float16_ops import GROWN_SCALES, OPS, WIDEN_BELOW, places
     torch.manual_seed(7)
     expected_draw = torch.rand(1)
     torch.manual_seed(7)
@@ -1575,6 +1575,9 @@ def test_the_other_float16_ops_are_timed_both_ways_and_widened_only_where_float3
         assert times[AS_ASKED] > 0 and times[FLOAT32] > 0, name
         won = times[FLOAT32] < WIDEN_BELOW * times[AS_ASKED]
         assert times["choice"] == (FLOAT32 if won else AS_ASKED), (name, times)
+        # a widened op is timed on grown samples too, the largest first; the others are not
+        largest = max(GROWN_SCALES) * times["elements"]
+        assert ("grown" in times) == won and (not won or largest in [size for size, *_ in times["grown"]]), times
 
 
 def test_a_stall_through_one_pass_over_the_other_float16_ops_does_not_decide_their_choice():
@@ -1591,8 +1594,47 @@ def test_a_stall_through_one_pass_over_the_other_float16_ops_does_not_decide_the
 
     measured = cpu_speed._measure_ops(TimedAs(timed_both_ways))
     first = next(iter(measured))
-    assert measured[first] == {"choice": FLOAT32, AS_ASKED: 0.2, FLOAT32: 0.1}
-    assert len(timings) == cpu_speed._OP_PASSES * len(measured) and cpu_speed._OP_PASSES > 1
+    assert {key: measured[first][key] for key in ("choice", AS_ASKED, FLOAT32)} == \
+        {"choice": FLOAT32, AS_ASKED: 0.2, FLOAT32: 0.1}
+    on_samples = [pair for pair in timings if pair[0].elements == measured[first]["elements"]]
+    assert len(on_samples) == cpu_speed._OP_PASSES * len(measured) and cpu_speed._OP_PASSES > 1
+
+
+def test_an_op_widened_on_its_sample_is_widened_only_up_to_the_size_it_still_wins_at(monkeypatch):
+    """float32 can win on a sample the caches hold and lose past them (group_norm on a diffusion
+    model's activations). A widened op is timed on its sample grown, the largest first, then
+    bisected: widened up to the largest size at which float32 still won by the margin, as asked
+    beyond; at every size where it won at the largest; and only on its sample where it lost at
+    the smallest grown. An op kept as asked is not grown."""
+    from cudashim.backends import cpu_speed
+    from cudashim.precision import AS_ASKED, FLOAT32
+    from cudashim.tables import float16_ops
+    # A sample of its own size for each op, so that a stopwatch answering by size knows the op.
+    samples = {"group_norm": (2, 8), "pow": (3, 8), "normalize": (5, 8), "gelu": (7, 8)}
+    monkeypatch.setattr(float16_ops, "SAMPLES", samples)
+    monkeypatch.setattr(float16_ops, "OPS", {"group_norm": ("group_norm", (2,)), "pow": ("pow", (3.0,)),
+                                             "normalize": ("normalize", (2.0, -1)), "gelu": ("gelu", ())})
+    largest = max(float16_ops.GROWN_SCALES)
+    float32_wins_up_to = {"group_norm": 4, "pow": largest, "normalize": 1, "gelu": 0}
+    op_at = {rows * width * scale: (name, scale) for name, (rows, width) in samples.items()
+             for scale in (1, *float16_ops.GROWN_SCALES)}
+    grown = {name: [] for name in samples}
+
+    def best_of_turns(asked, widened, turns=7):
+        name, scale = op_at[asked.elements]
+        assert widened.elements == asked.elements
+        if scale > 1:
+            grown[name].append(scale)
+        won = scale <= float32_wins_up_to[name]
+        return [1.0, float16_ops.WIDEN_BELOW - 0.05 if won else 1.0]
+
+    measured = cpu_speed._measure_ops(TimedAs(best_of_turns))
+    assert {name: times["choice"] for name, times in measured.items()} == \
+        {"group_norm": FLOAT32, "pow": FLOAT32, "normalize": FLOAT32, "gelu": AS_ASKED}
+    assert {name: cpu_speed._widened_up_to(times) for name, times in measured.items() if name != "gelu"} == \
+        {"group_norm": 4 * 16, "pow": None, "normalize": 40}
+    assert grown == {"group_norm": [largest, 4, 8], "pow": [largest], "normalize": [largest, 4, 2], "gelu": []}
+
 
 
 def test_a_converting_choice_must_win_by_more_than_a_converting_call_costs():
@@ -1765,14 +1807,15 @@ def test_an_op_cached_as_widened_near_a_tie_is_read_as_asked(monkeypatch):
     from cudashim.backends import cpu_speed
     from cudashim.precision import AS_ASKED, FLOAT32
     from cudashim.tables.float16_ops import WIDEN_BELOW
-    cached = {"gelu": {"choice": FLOAT32, AS_ASKED: 0.2, FLOAT32: 0.16},
-              "pow": {"choice": FLOAT32, AS_ASKED: 0.43, FLOAT32: 0.065}}
+    grown = [[2**20, 0.9, 0.2], [2**23, 6.0, 7.0]]             # widened up to 2^20 elements
+    cached = {"gelu": {"choice": FLOAT32, AS_ASKED: 0.2, FLOAT32: 0.16, "elements": 2**19, "grown": grown},
+              "pow": {"choice": FLOAT32, AS_ASKED: 0.43, FLOAT32: 0.065, "elements": 2**19, "grown": grown}}
     monkeypatch.setattr(cpu_speed, "speeds", lambda profile: ({HALF: False, BF16: True}, "test"))
     monkeypatch.setattr(cpu_speed, "_cached", lambda path, key, measure: (cached, "cached in test"))
     read = cpu_speed.op_choices.__wrapped__(cpu_speed.MEASURED)
     assert WIDEN_BELOW < 0.8
-    assert read == {"gelu": {"choice": AS_ASKED, AS_ASKED: 0.2, FLOAT32: 0.16},
-                    "pow": {"choice": FLOAT32, AS_ASKED: 0.43, FLOAT32: 0.065}}
+    assert read == {"gelu": {**cached["gelu"], "choice": AS_ASKED, "widened_up_to": None},
+                    "pow": {**cached["pow"], "choice": FLOAT32, "widened_up_to": 2**20}}
 
 
 def _timed(choice):
@@ -1817,6 +1860,37 @@ def test_an_op_timed_faster_in_float32_is_computed_there_and_the_others_are_left
     assert "in float32, rounded to float16 once: group_norm (as-asked 2 ms, float32 1.5 ms), softmax" in table, table
     cudashim.deactivate()
     assert all(getattr(F, name) is function for name, function in own.items())
+
+
+def test_an_op_widened_up_to_a_size_runs_as_asked_on_larger_inputs(speeds):
+    """group_norm timed faster in float32 up to 2 x 8 x 6 x 6 elements and slower at twice that:
+    an input of that size is computed in float32 and rounded once, through the function and the
+    module; a larger one is torch's own float16 kernel, and the report says which it became
+    (torch's CPU kernel computes float16 in float32 too: the results match either way);
+    doctor says up to which size."""
+    import cudashim
+    from cudashim.precision import FLOAT32
+    torch.manual_seed(0)
+    own = F.group_norm
+    x, larger = torch.randn(2, 8, 6, 6).half(), torch.randn(3, 8, 6, 6).half()
+    norm = torch.nn.GroupNorm(4, 8).half()
+    timed = {**_timed(FLOAT32), "elements": x.numel(), "grown": [[2 * x.numel(), 1.0, 1.5]],
+             "widened_up_to": x.numel()}
+    speeds(SLOW_BOTH, ops={"group_norm": timed}, report=True)
+    with torch.no_grad():                       # the report keeps what an API's first call became
+        assert torch.equal(norm(larger), own(larger, 4, norm.weight, norm.bias))
+    assert torch.equal(F.group_norm(larger, 4), own(larger, 4))
+    assert _counted("torch.nn.functional.group_norm") == \
+        "float16 as asked (larger than float32 was timed faster at here)"
+    cudashim.deactivate()
+    speeds(SLOW_BOTH, ops={"group_norm": timed}, report=True)
+    with torch.no_grad():
+        assert torch.equal(norm(x), own(x.float(), 4, norm.weight.float(), norm.bias.float()).half())
+    assert torch.equal(F.group_norm(x, 4), own(x.float(), 4).half())
+    assert _counted("torch.nn.functional.group_norm") == "float16 computed in float32 (measured faster here)"
+    table = "\n".join(cudashim.activation.current_activation().precision.describe())
+    assert "group_norm (as-asked 2 ms, float32 1.5 ms; up to 576 elements, as asked beyond " \
+           "(at 1,152: as-asked 1 ms, float32 1.5 ms))" in table, table
 
 
 def test_a_power_timed_faster_in_float32_is_computed_there_by_every_name_it_is_called(speeds):

@@ -41,7 +41,7 @@ import logging
 import os
 import platform
 from pathlib import Path
-from typing import Dict, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -492,22 +492,30 @@ def _measure_classes(stopwatch: Stopwatch, call, streamed=None) -> dict:
 @functools.lru_cache(maxsize=None)
 def op_choices(profile: str = MEASURED) -> Dict[str, dict]:
     """What the float16 ops outside the matmul family (``tables/float16_ops.py``) compute in on
-    this CPU: {op: {"choice": "as-asked" or "float32", "as-asked": ms, "float32": ms}}, each
-    timed both ways once per CPU, thread count and torch version (cached). Empty where float16
+    this CPU: {op: {"choice": "as-asked" or "float32", "as-asked": ms, "float32": ms,
+    "widened_up_to": elements or None, ...}}, each timed both ways once per CPU, thread count
+    and torch version (cached), a widened op on grown samples too. Empty where float16
     is fast, and under a host profile, which stands for the matmul table: each op as asked."""
     fast, _ = speeds(profile)
     if fast[torch.float16] or profile != MEASURED:
         return {}
-    from ..tables.float16_ops import OPS
+    from ..tables.float16_ops import GROWN_SCALES, OPS
     # The table's ops in the key: an op added later is timed, not missing from an older answer;
     # and its passes and stopwatch: an answer timed in fewer passes, or with the turns other work
-    # held up counted, which a stall may have decided, is timed again; and torch's kernels.
+    # held up counted, which a stall may have decided, is timed again; and torch's kernels; and
+    # the sizes a widened op is timed on, so that an answer without its largest is timed again.
     key = (f"{_cpu_model()} [{_flags_key()}], {_kernels()} kernels, "
            f"{torch.get_num_threads()} threads, torch {torch.__version__}, ops {' '.join(OPS)}, "
-           f"{_OP_PASSES} passes, {UNSTALLED}")
+           f"{_OP_PASSES} passes, grown to {max(GROWN_SCALES)}x, {UNSTALLED}")
     timed, _ = _cached(cache_file("float16-ops.json"), key, _measure_ops)
     # Decided from the timings on every read: a margin changed since they were cached holds.
-    return {name: {**times, "choice": _op_choice(times)} for name, times in timed.items()}
+    from ..precision import FLOAT32
+    read = {}
+    for name, times in timed.items():
+        choice = _op_choice(times)
+        read[name] = {**times, "choice": choice,
+                      "widened_up_to": _widened_up_to(times) if choice == FLOAT32 else None}
+    return read
 
 
 def _op_choice(times: dict) -> str:
@@ -515,6 +523,22 @@ def _op_choice(times: dict) -> str:
     from ..precision import AS_ASKED, FLOAT32
     from ..tables.float16_ops import WIDEN_BELOW
     return FLOAT32 if times[FLOAT32] < WIDEN_BELOW * times[AS_ASKED] else AS_ASKED
+
+
+def _widened_up_to(times: dict) -> Optional[int]:
+    """The largest input, in elements, at which a widened op is computed in float32: the
+    largest grown size at which it still won below the first at which it lost (the sample's
+    own where it lost at the first, or was not grown: widened by a margin lowered since it was
+    timed); None where it lost at none (every size widened)."""
+    from ..tables.float16_ops import WIDEN_BELOW
+    ceiling = times.get("elements")
+    if "grown" not in times:
+        return ceiling
+    for elements, asked, widened in sorted(times["grown"]):
+        if not widened < WIDEN_BELOW * asked:
+            return ceiling
+        ceiling = elements
+    return None
 
 
 # The table is timed in this many passes over its ops, each op's best time taken over them: a
@@ -543,10 +567,58 @@ def _measure_ops(stopwatch: Stopwatch) -> Dict[str, dict]:
     with torch.no_grad():
         for _ in range(_OP_PASSES):
             for name, (op, x, rest) in ops.items():
-                timed = stopwatch.best_of_turns(lambda: op(x, *rest), lambda: op(x.float(), *rest).half())
+                timed = stopwatch.best_of_turns(*_both_ways(op, x, rest))
                 best[name] = [min(pair) for pair in zip(best[name], timed)]
-    return {name: {"choice": _op_choice({AS_ASKED: asked, FLOAT32: wide}), AS_ASKED: asked, FLOAT32: wide}
-            for name, (asked, wide) in best.items()}
+        measured = {}
+        for name, (asked, wide) in best.items():
+            op, x, rest = ops[name]
+            measured[name] = {"choice": _op_choice({AS_ASKED: asked, FLOAT32: wide}), AS_ASKED: asked,
+                              FLOAT32: wide, "elements": x.numel()}
+            if measured[name]["choice"] == FLOAT32:
+                measured[name]["grown"] = _grown_timings(stopwatch, op, x, rest)
+    return measured
+
+
+def _both_ways(op, x, rest):
+    """``op`` on ``x`` as asked, and widened to float32 and narrowed back; each call says how
+    many elements it reads (``elements``), for a stopwatch that answers by size."""
+    def as_asked():
+        return op(x, *rest)
+
+    def widened():
+        return op(x.float(), *rest).half()
+    as_asked.elements = widened.elements = x.numel()
+    return as_asked, widened
+
+
+# Each grown size is timed once (it is bisected, up to three sizes an op), in fewer turns than the
+# sample: at the largest one call takes tens of milliseconds, and near the size where the two
+# ways cross, whichever is chosen costs about the same.
+_GROWN_TURNS = 3
+
+
+def _grown_timings(stopwatch: Stopwatch, op, x: torch.Tensor, rest) -> List[list]:
+    """[[elements, as asked ms, float32 ms]] for ``op`` on ``x`` grown along its leading
+    dimension (``GROWN_SCALES``): the largest first, and where float32 lost there, bisected for
+    the largest at which it still wins."""
+    from ..tables.float16_ops import GROWN_SCALES, WIDEN_BELOW
+    timed = {}
+
+    def won_at(index):
+        grown = x.repeat(GROWN_SCALES[index], *([1] * (x.dim() - 1)))
+        asked, wide = stopwatch.best_of_turns(*_both_ways(op, grown, rest), turns=_GROWN_TURNS)
+        timed[index] = [grown.numel(), asked, wide]
+        return wide < WIDEN_BELOW * asked
+
+    won, lost = -1, len(GROWN_SCALES) - 1       # -1: the sample, where it won
+    if not won_at(lost):
+        while lost - won > 1:
+            middle = (won + lost) // 2
+            if won_at(middle):
+                won = middle
+            else:
+                lost = middle
+    return [timed[index] for index in sorted(timed)]
 
 
 def _measure(stopwatch: Stopwatch) -> Dict[str, bool]:

@@ -155,10 +155,11 @@ def install(activation):
                 float32_only=name in _FLOAT32_ONLY, attention=name == "scaled_dot_product_attention",
                 at_once=at_once, on_packed=_on_packed_weight_of(owner, name)))
         for name in policy.widened_ops:
+            up_to = policy.float16_ops[name].get("widened_up_to")
             for owner, attribute, api in float16_ops.places(name):
                 activation.replace(owner, attribute, functools.partial(
                     by_measurement, api, activation.backend.device_type, cache, activation.count,
-                    activation.compiled, at_once=at_once))
+                    activation.compiled, at_once=at_once, up_to=up_to))
     if policy.float32_matmul_precision is not None:
         _map_tf32(activation, policy.float32_matmul_precision)
 
@@ -905,16 +906,20 @@ class _NoRegion:
     depth = 0
 
 
-def by_measurement(api, device_type, cache, count, compiled, original, *, at_once=None):
+def by_measurement(api, device_type, cache, count, compiled, original, *, at_once=None, up_to=None):
     """``original``, an op outside the matmul family that this host computes faster in float32
     than in float16 (measured: ``tables/float16_ops.py``), on float16 inputs widened to float32
-    and its result rounded to float16 once. A call asking for an output dtype, inside an
-    autocast region, or with other dtypes among its inputs goes to torch as it is."""
+    and its result rounded to float16 once, on inputs of at most ``up_to`` elements (None: any
+    size) where larger ones were timed faster as asked. A call asking for an output dtype,
+    inside an autocast region, or with other dtypes among its inputs goes to torch as it is."""
     at_once = _at_once if at_once is None else at_once
     def widened(*args, **kwargs):
         tensors = _floating((*args, *kwargs.values()) if kwargs else args)
         if torch.is_autocast_enabled(device_type) or kwargs.get("dtype") is not None \
                 or any(value.__class__ is torch.dtype for value in args) or not _all_half(tensors):
+            return original(*args, **kwargs)
+        if up_to is not None and tensors[0].numel() > up_to:
+            count(api, "float16 as asked (larger than float32 was timed faster at here)")
             return original(*args, **kwargs)
         if kwargs.get("out") is not None:               # torch.pow(x, 3, out=y)
             return _written_to_out(original, torch.float32, cache, args, kwargs, count, api,
