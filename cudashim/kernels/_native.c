@@ -737,13 +737,15 @@ static inline void transposed_8x8(__m128i r[8])
     r[6] = _mm_unpacklo_epi64(b3, b7); r[7] = _mm_unpackhi_epi64(b3, b7);
 }
 
-/* The loop over a part's tiles, for a way of converting eight loaded rows of eight values in
- * place (CONVERT_ROWS(r, to_bfloat16)); each instruction set has its own copy. Parts are rows
- * of tiles, in units of TILE * cols values (parallel_for's). Within a tile, blocks go in the
- * order that finishes each cache line of the side read or written far apart (rows of a long
- * side lie a multiple of 4 KiB apart, and would evict each other from L1 before the tile came
- * back to them): along the input's rows where they are the short ones, else down its columns. */
-#define TRANSPOSE_CONVERTED(name, CONVERT_ROWS)                                                     \
+/* The loop over a part's tiles, for a way of converting and transposing one block of 8 x 8
+ * values (BLOCK(src, cols, dst, rows, to_bfloat16): the block's first value in each, and the
+ * row length of each); each instruction set has its own copy. Parts are rows of tiles, in units
+ * of TILE * cols values (parallel_for's). Within a tile, blocks go in the order that finishes
+ * each cache line of the side read or written far apart (rows of a long side lie a multiple of
+ * 4 KiB apart, and would evict each other from L1 before the tile came back to them): along the
+ * input's rows where they are the short ones, else down its columns. Two nested loops, not one
+ * divided into them: a division a block cost as much as its conversion. */
+#define TRANSPOSE_CONVERTED(name, BLOCK)                                                            \
 static void name(void *context, size_t start, size_t stop, size_t part)                            \
 {                                                                                                   \
     const Transposition *t = (const Transposition *)context;                                        \
@@ -757,22 +759,22 @@ static void name(void *context, size_t start, size_t stop, size_t part)         
         size_t j0;                                                                                  \
         for (j0 = 0; j0 < cols; j0 += TILE) {                                                       \
             const size_t width = cols - j0 < TILE ? cols - j0 : TILE;                               \
-            const size_t down = height / 8, across = width / 8;                                     \
-            size_t i, j, k, b;                                                                      \
-            for (b = 0; b < down * across; b++) {                                                   \
-                __m128i r[8];                                                                       \
-                i = (rows > cols ? b % down : b / across) * 8;                                      \
-                j = (rows > cols ? b / down : b % across) * 8;                                      \
-                for (k = 0; k < 8; k++)                                                             \
-                    r[k] = _mm_loadu_si128((const __m128i *)(src + (i0 + i + k) * cols + j0 + j));  \
-                CONVERT_ROWS(r, t->to_bfloat16);                                                    \
-                transposed_8x8(r);                                                                  \
-                for (k = 0; k < 8; k++)                                                             \
-                    _mm_storeu_si128((__m128i *)(dst + (j0 + j + k) * rows + i0 + i), r[k]);        \
+            const size_t down = height / 8 * 8, across = width / 8 * 8;                             \
+            size_t i, j;                                                                            \
+            if (rows > cols) {                                                                      \
+                for (j = 0; j < across; j += 8)                                                     \
+                    for (i = 0; i < down; i += 8)                                                   \
+                        BLOCK(src + (i0 + i) * cols + j0 + j, cols, dst + (j0 + j) * rows + i0 + i, \
+                              rows, t->to_bfloat16);                                                \
+            } else {                                                                                \
+                for (i = 0; i < down; i += 8)                                                       \
+                    for (j = 0; j < across; j += 8)                                                 \
+                        BLOCK(src + (i0 + i) * cols + j0 + j, cols, dst + (j0 + j) * rows + i0 + i, \
+                              rows, t->to_bfloat16);                                                \
             }                                                                                       \
             /* the edges the blocks leave, a value at a time */                                     \
             for (i = 0; i < height; i++)                                                            \
-                for (j = i < down * 8 ? across * 8 : 0; j < width; j++) {                           \
+                for (j = i < down ? across : 0; j < width; j++) {                                   \
                     Halves one;                                                                     \
                     one.src = src + (i0 + i) * cols + j0 + j;                                       \
                     one.dst = dst + (j0 + j) * rows + i0 + i;                                       \
@@ -792,11 +794,65 @@ static inline void rows_converted_avx2(__m128i r[8], int to_bfloat16)
         r[k] = to_bfloat16 ? half8_to_bfloat16(r[k]) : bfloat16x8_to_half(r[k]);
 }
 
-TRANSPOSE_CONVERTED(transpose_converted_avx2, rows_converted_avx2)
+static inline void block_avx2(const uint16_t *src, size_t cols, uint16_t *dst, size_t rows, int to_bfloat16)
+{
+    __m128i r[8];
+    int k;
+    for (k = 0; k < 8; k++)
+        r[k] = _mm_loadu_si128((const __m128i *)(src + k * cols));
+    rows_converted_avx2(r, to_bfloat16);
+    transposed_8x8(r);
+    for (k = 0; k < 8; k++)
+        _mm_storeu_si128((__m128i *)(dst + k * rows), r[k]);
+}
+
+TRANSPOSE_CONVERTED(transpose_converted_avx2, block_avx2)
 
 TARGET_POP()
 
-/* Two rows at a time in 512-bit registers: half the instructions of eight at a time. */
+/* Where each value of the two 512-bit registers an 8 x 8 block's rows were loaded into, two rows
+ * a 256-bit half, goes transposed: output word p of the first holds column p / 8 of row p % 8,
+ * which the rows put at word (p % 8) * 8 + p / 8; of the second, columns 4 to 7. */
+static const uint16_t TRANSPOSED_WORDS[2][32] = {
+    {0, 8, 16, 24, 32, 40, 48, 56, 1, 9, 17, 25, 33, 41, 49, 57,
+     2, 10, 18, 26, 34, 42, 50, 58, 3, 11, 19, 27, 35, 43, 51, 59},
+    {4, 12, 20, 28, 36, 44, 52, 60, 5, 13, 21, 29, 37, 45, 53, 61,
+     6, 14, 22, 30, 38, 46, 54, 62, 7, 15, 23, 31, 39, 47, 55, 63},
+};
+
+/* An 8 x 8 block in 512-bit registers: two rows loaded into each 256-bit half and converted
+ * together (CONVERT_PAIR), then the 64 values transposed by two permutes across both registers,
+ * where eight 128-bit rows take 24 unpacks. */
+#define TRANSPOSED_BLOCK_512(name, CONVERT_PAIR)                                                    \
+static inline __m256i name##_pair(const uint16_t *first, size_t cols, int to_bfloat16)             \
+{                                                                                                   \
+    const __m256i pair = _mm256_inserti128_si256(                                                   \
+        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)first)),                            \
+        _mm_loadu_si128((const __m128i *)(first + cols)), 1);                                       \
+    return CONVERT_PAIR(pair, to_bfloat16);                                                         \
+}                                                                                                   \
+static inline void name(const uint16_t *src, size_t cols, uint16_t *dst, size_t rows, int to_bfloat16) \
+{                                                                                                   \
+    const __m512i upper = _mm512_inserti64x4(                                                       \
+        _mm512_castsi256_si512(name##_pair(src, cols, to_bfloat16)),                                \
+        name##_pair(src + 2 * cols, cols, to_bfloat16), 1);                                         \
+    const __m512i lower = _mm512_inserti64x4(                                                       \
+        _mm512_castsi256_si512(name##_pair(src + 4 * cols, cols, to_bfloat16)),                     \
+        name##_pair(src + 6 * cols, cols, to_bfloat16), 1);                                         \
+    const __m512i left = _mm512_permutex2var_epi16(                                                 \
+        upper, _mm512_loadu_si512((const void *)TRANSPOSED_WORDS[0]), lower);                       \
+    const __m512i right = _mm512_permutex2var_epi16(                                                \
+        upper, _mm512_loadu_si512((const void *)TRANSPOSED_WORDS[1]), lower);                       \
+    _mm_storeu_si128((__m128i *)dst, _mm512_castsi512_si128(left));                                 \
+    _mm_storeu_si128((__m128i *)(dst + rows), _mm512_extracti32x4_epi32(left, 1));                  \
+    _mm_storeu_si128((__m128i *)(dst + 2 * rows), _mm512_extracti32x4_epi32(left, 2));              \
+    _mm_storeu_si128((__m128i *)(dst + 3 * rows), _mm512_extracti32x4_epi32(left, 3));              \
+    _mm_storeu_si128((__m128i *)(dst + 4 * rows), _mm512_castsi512_si128(right));                   \
+    _mm_storeu_si128((__m128i *)(dst + 5 * rows), _mm512_extracti32x4_epi32(right, 1));             \
+    _mm_storeu_si128((__m128i *)(dst + 6 * rows), _mm512_extracti32x4_epi32(right, 2));             \
+    _mm_storeu_si128((__m128i *)(dst + 7 * rows), _mm512_extracti32x4_epi32(right, 3));             \
+}
+
 TARGET_PUSH("avx512f,avx512bw,avx2,avx,f16c")
 
 static inline __m256i pair_to_half_avx512(__m256i bfloat16s)
@@ -805,39 +861,27 @@ static inline __m256i pair_to_half_avx512(__m256i bfloat16s)
     return _mm512_cvtps_ph(_mm512_castsi512_ps(u), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
 
-static inline void rows_converted_avx512(__m128i r[8], int to_bfloat16)
+static inline __m256i pair_converted_avx512(__m256i pair, int to_bfloat16)
 {
-    int k;
-    for (k = 0; k < 8; k += 2) {
-        const __m256i pair = _mm256_set_m128i(r[k + 1], r[k]);
-        const __m256i converted = to_bfloat16
-            ? _mm512_cvtepi32_epi16(rounded_to_bfloat16_512(_mm512_cvtph_ps(pair)))
-            : pair_to_half_avx512(pair);
-        r[k] = _mm256_castsi256_si128(converted);
-        r[k + 1] = _mm256_extracti128_si256(converted, 1);
-    }
+    return to_bfloat16 ? _mm512_cvtepi32_epi16(rounded_to_bfloat16_512(_mm512_cvtph_ps(pair)))
+                       : pair_to_half_avx512(pair);
 }
 
-TRANSPOSE_CONVERTED(transpose_converted_avx512, rows_converted_avx512)
+TRANSPOSED_BLOCK_512(block_avx512, pair_converted_avx512)
+TRANSPOSE_CONVERTED(transpose_converted_avx512, block_avx512)
 
 TARGET_POP()
 
 #if defined(HAVE_AVX512BF16)
 TARGET_PUSH("avx512f,avx512bw,avx512bf16,avx2,avx,f16c")
 
-static inline void rows_converted_avx512bf16(__m128i r[8], int to_bfloat16)
+static inline __m256i pair_converted_avx512bf16(__m256i pair, int to_bfloat16)
 {
-    int k;
-    for (k = 0; k < 8; k += 2) {
-        const __m256i pair = _mm256_set_m128i(r[k + 1], r[k]);
-        const __m256i converted = to_bfloat16 ? (__m256i)_mm512_cvtneps_pbh(_mm512_cvtph_ps(pair))
-                                              : pair_to_half_avx512(pair);
-        r[k] = _mm256_castsi256_si128(converted);
-        r[k + 1] = _mm256_extracti128_si256(converted, 1);
-    }
+    return to_bfloat16 ? (__m256i)_mm512_cvtneps_pbh(_mm512_cvtph_ps(pair)) : pair_to_half_avx512(pair);
 }
 
-TRANSPOSE_CONVERTED(transpose_converted_avx512bf16, rows_converted_avx512bf16)
+TRANSPOSED_BLOCK_512(block_avx512bf16, pair_converted_avx512bf16)
+TRANSPOSE_CONVERTED(transpose_converted_avx512bf16, block_avx512bf16)
 
 TARGET_POP()
 #endif
