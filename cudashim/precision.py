@@ -236,6 +236,9 @@ class PrecisionPolicy:
             lines.append("  conv1d and conv2d layers in bfloat16: " + (
                 "weights kept packed for oneDNN's channels-last kernels, activations converted and laid "
                 "out in one pass each way" if why_not is None else f"weights kept in torch's layout ({why_not})"))
+            why_not = packed_convolution.transposed_unavailable()
+            lines.append("  conv_transpose2d layers in bfloat16: " + (
+                "as conv2d's" if why_not is None else f"weights kept in torch's layout ({why_not})"))
             why_not = packed_encoder_layer.unavailable()
             lines.append("  fused attention layers in bfloat16 (nn.TransformerEncoderLayer, nn.MultiheadAttention): " + (
                 "computed op by op on weights kept packed, a padded batch's tokens as one matrix"

@@ -770,6 +770,75 @@ def test_a_conv1d_layer_in_bfloat16_packs_its_weight_as_a_conv2d_of_height_one(s
     assert _counted("torch.nn.functional.conv1d") == "float16 computed in bfloat16"
 
 
+def test_a_conv_transpose2d_layer_in_bfloat16_packs_its_weight_and_lays_out_its_result_as_cuda_does(speeds, monkeypatch):
+    """A float16 conv_transpose2d computed in bfloat16 (a DCGAN generator, a U-Net's decoder) reads
+    its weight packed once for oneDNN's transposed convolution of its arguments, packed again once
+    the weight changes; its result holds torch's bfloat16 conv_transpose2d rounded to float16, laid
+    out as CUDA lays it out (channels-last where the input or the weight is), for the forms
+    nn.ConvTranspose2d calls (stride, output padding, an output size, groups, dilation) and
+    keywords. A gradient recorded through the weight, an unbatched input, and a call torch refuses
+    are torch's own."""
+    import copy
+    from cudashim.kernels import packed_convolution
+    _convolutions_counted(monkeypatch)
+    assert packed_convolution.transposed_unavailable() is None
+    counts = _Counts(packed=0, computed=0)
+    pack, convolution = packed_convolution.pack_transposed, packed_convolution.convolution_transposed
+
+    def packing(weight, *arguments):
+        counts["packed"] += 1
+        counts.results_at.append(arguments[:5])
+        return pack(weight, *arguments)
+
+    def computing(*args, **kwargs):
+        counts["computed"] += 1
+        return convolution(*args, **kwargs)
+    monkeypatch.setattr(packed_convolution, "pack_transposed", packing)
+    monkeypatch.setattr(packed_convolution, "convolution_transposed", computing)
+    torch.manual_seed(5)
+    layers = {"upsampling": torch.nn.ConvTranspose2d(6, 8, 4, stride=2, padding=1, bias=False),
+              "grouped, dilated": torch.nn.ConvTranspose2d(6, 9, 3, padding=1, groups=3, dilation=2),
+              "output padding": torch.nn.ConvTranspose2d(6, 8, 3, stride=2, padding=1, output_padding=1)}
+    layers = {name: layer.half().eval() for name, layer in layers.items()}
+    x = torch.randn(2, 6, 7, 5).half()
+    channels_last = x.contiguous(memory_format=torch.channels_last)
+    by_hand = {name: _layer_in_bfloat16(layer, x) for name, layer in layers.items()}
+    upsampling = layers["upsampling"]
+    sized = _by_hand_in_bfloat16(lambda *t: upsampling.bfloat16()(*t, output_size=[15, 11]), x)
+    upsampling.half()
+    by_hand_last = _layer_in_bfloat16(upsampling, channels_last)
+    refused = torch.randn(2, 5, 7, 5).half()                  # 5 channels where the weight takes 6
+    with pytest.raises(RuntimeError) as ported:
+        copy.deepcopy(upsampling).bfloat16()(refused.bfloat16())
+    _bfloat16_products(speeds)
+    trained = upsampling(x)
+    assert trained.grad_fn is not None and counts == {"packed": 0, "computed": 0}
+    with torch.no_grad():
+        for name, layer in layers.items():
+            for _ in range(2):
+                _close_to_bfloat16s(layer(x), by_hand[name])
+        assert counts == {"packed": 3, "computed": 6}
+        ours = upsampling(channels_last)
+        assert ours.is_contiguous(memory_format=torch.channels_last) and not ours.is_contiguous()
+        _close_to_bfloat16s(ours, by_hand_last)
+        _close_to_bfloat16s(upsampling(x, output_size=[15, 11]), sized)       # an output padding of 1
+        assert counts["packed"] == 4 and counts.results_at[-1][1] == [1, 1]
+        keyword = F.conv_transpose2d(x, upsampling.weight, stride=2, padding=1)
+        _close_to_bfloat16s(keyword, by_hand["upsampling"])      # packed again: no output padding
+        assert counts == {"packed": 5, "computed": 9}
+        upsampling.weight.mul_(2)
+        _close_to_bfloat16s(upsampling(x), _layer_in_bfloat16(upsampling, x))
+        assert counts == {"packed": 6, "computed": 10}
+        assert torch.equal(upsampling(x[0]), _layer_in_bfloat16(upsampling, x[0]))
+        with pytest.raises(RuntimeError) as ours_refused:
+            upsampling(refused)
+        assert counts == {"packed": 6, "computed": 10}
+    assert str(ours_refused.value) == str(ported.value)       # torch's own message, as in a port
+    assert counts.results_at[:3] == [([1, 1], [0, 0], [2, 2], [1, 1], 1), ([1, 1], [0, 0], [1, 1], [2, 2], 3),
+                                     ([1, 1], [1, 1], [2, 2], [1, 1], 1)]
+    assert _counted("torch.nn.functional.conv_transpose2d") == "float16 computed in bfloat16"
+
+
 def test_a_conv2d_is_left_to_torch_where_packing_cannot_take_it(speeds, monkeypatch):
     """Training records a gradient through the weight; padding "same" that torch pads unevenly
     (an even kernel), an input laid out neither way, a weight that is no parameter, an unbatched

@@ -13,7 +13,10 @@ torch would take a permuting copy and a conversion for each. On a Xeon with AMX-
 one process, a ResNet-like float16 convnet (batch 16, 64 x 64) ran 0.98-0.99x its bfloat16 port
 this way and 1.12-1.14x on plain bfloat16 copies; Hugging Face's ResNet (batch 8, 96 x 96) 1.09x
 against 1.24x. An input already channels-last needs no permutation, and gains nothing from the
-packing there (1.3-1.5x its port either way: the conversions are what it costs).
+packing there (1.3-1.5x its port either way: the conversions are what it costs). A transposed
+convolution (``conv_transpose2d``) runs the same way on oneDNN's transposed kernels, its weight
+packed by ``_reorder_convolution_transpose_weight`` (a DCGAN generator 0.90x its bfloat16 port,
+1.10x on plain copies).
 
 Used only where torch's own bfloat16 linear and convolution are oneDNN's (``packed_linear.not_offered``)
 and the compiled conversions run. The ops are private: where the running torch lacks one, or the
@@ -33,7 +36,9 @@ from . import native, packed_linear
 
 _REORDER = "torch._C._nn.mkldnn_reorder_conv2d_weight"
 _CONVOLUTION = "torch.ops.mkldnn._convolution_pointwise"
-_ops = {}           # "reorder", "convolution": the two ops, once found
+_REORDER_TRANSPOSED = "torch.ops.mkldnn._reorder_convolution_transpose_weight"
+_CONVOLUTION_TRANSPOSED = "torch.ops.mkldnn._convolution_transpose_pointwise"
+_ops = {}           # "reorder", "convolution" and their transposed twins, once found
 
 
 @functools.lru_cache(maxsize=None)
@@ -47,6 +52,47 @@ def not_offered() -> Optional[str]:
         if not torch_names.has(name):
             return f"torch {torch.__version__} has no {name}"
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def transposed_unavailable() -> Optional[str]:
+    """As ``unavailable``, for transposed convolutions (``conv_transpose2d``): their own two ops,
+    then a probe of their own (strided with an output padding, grouped and dilated), once a
+    process, at the first packed call."""
+    reason = unavailable()
+    if reason is not None:
+        return reason
+    for name in (_REORDER_TRANSPOSED, _CONVOLUTION_TRANSPOSED):
+        if not torch_names.has(name):
+            return f"torch {torch.__version__} has no {name}"
+    try:
+        _ops.update(reorder_transposed=torch_names.get(_REORDER_TRANSPOSED),
+                    convolution_transposed=torch_names.get(_CONVOLUTION_TRANSPOSED))
+        numbers = torch.Generator().manual_seed(0)
+        for stride, padding, output_padding, groups, dilation in ((1, 1, 0, 1, 1), (2, 1, 1, 3, 1), (1, 0, 0, 1, 2)):
+            x = torch.randn(2, 6, 5, 4, generator=numbers, device="cpu").half()
+            weight = torch.randn(6, 9 // groups, 3, 3, generator=numbers, device="cpu").bfloat16()
+            bias = torch.randn(9, generator=numbers, device="cpu").bfloat16()
+            arguments = ([padding] * 2, [output_padding] * 2, [stride] * 2, [dilation] * 2, groups)
+            packed = pack_transposed(weight, *arguments, list(x.shape))
+            for layout in (torch.contiguous_format, torch.channels_last):
+                given = x.contiguous(memory_format=layout)
+                with torch.no_grad():
+                    own = torch.nn.functional.conv_transpose2d(given.bfloat16(), weight, bias, stride, padding,
+                                                               output_padding, groups, dilation)
+                    computed = convolution_transposed(given, packed, bias, *arguments, layout is torch.channels_last)
+                if computed is None or not torch.equal(computed, own.half()) \
+                        or computed.is_contiguous() != (layout is torch.contiguous_format):
+                    return ("oneDNN's packed bfloat16 transposed convolution does not compute torch's "
+                            "bfloat16 conv_transpose2d here")
+    except (RuntimeError, NotImplementedError, TypeError) as exc:   # oneDNN refuses, or another schema
+        return f"oneDNN's packed bfloat16 transposed convolution does not run here ({exc})"
+    return None
+
+
+def transposed_usable() -> bool:
+    """As ``usable``, for transposed convolutions."""
+    return torch.backends.mkldnn.enabled and transposed_unavailable() is None
 
 
 @functools.lru_cache(maxsize=None)
@@ -97,6 +143,14 @@ def pack(weight: torch.Tensor, padding: List[int], stride: List[int], dilation: 
     return _ops["reorder"](weight.contiguous().to_mkldnn(), padding, stride, dilation, groups, input_size)
 
 
+def pack_transposed(weight: torch.Tensor, padding: List[int], output_padding: List[int], stride: List[int],
+                    dilation: List[int], groups: int, input_size: List[int]) -> torch.Tensor:
+    """``weight`` (bfloat16, in x out/groups x kH x kW, a ``conv_transpose2d``'s) in oneDNN's
+    layout for a transposed convolution of these arguments over an input of ``input_size``."""
+    return _ops["reorder_transposed"](weight.contiguous(), padding, output_padding, stride, dilation, groups,
+                                      input_size)
+
+
 def laid_out(x: torch.Tensor) -> Optional[bool]:
     """Whether a 4-D host tensor is channels-last (True) or channel-first (False), dense either
     way; None for any other layout, which this path leaves to torch."""
@@ -115,16 +169,42 @@ def convolution(x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tens
     made. ``squeezed``: ``x`` is a conv1d's input of height one, and the result a dense 3-D
     tensor, its height dropped. No gradient is recorded through it. None, with nothing computed,
     where the compiled conversions do not run here."""
+    wide = _channels_last_bfloat16(x, borrowed)
+    if wide is None:
+        return None
+    result = _ops["convolution"](wide, packed, bias, list(padding), list(stride), list(dilation), groups,
+                                 "none", [], "")
+    return _rounded(result, channels_last, squeezed)
+
+
+def convolution_transposed(x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor],
+                           padding: Sequence[int], output_padding: Sequence[int], stride: Sequence[int],
+                           dilation: Sequence[int], groups: int, channels_last: bool,
+                           borrowed=None) -> Optional[torch.Tensor]:
+    """``F.conv_transpose2d`` of ``x`` on ``pack_transposed(weight)``, as ``convolution`` computes
+    ``F.conv2d``."""
+    wide = _channels_last_bfloat16(x, borrowed)
+    if wide is None:
+        return None
+    result = _ops["convolution_transposed"](wide, packed, bias, list(padding), list(output_padding),
+                                            list(stride), list(dilation), groups, "none", [], "")
+    return _rounded(result, channels_last, False)
+
+
+def _channels_last_bfloat16(x: torch.Tensor, borrowed) -> Optional[torch.Tensor]:
+    """``x`` (float16, 4-D, dense) in bfloat16, channels-last, in one pass; None where the
+    compiled conversions do not run here."""
     batch, channels, height, width = x.shape
     strides = (height * width * channels, 1, width * channels, channels)
     wide = borrowed(x.shape, strides) if borrowed is not None \
         else torch.empty_strided(x.shape, strides, dtype=torch.bfloat16, device="cpu")
     converted = native.converted_into(x, wide, torch.bfloat16) if laid_out(x) \
         else native.converted_transposed_into(x, wide, torch.bfloat16, batch, channels, height * width)
-    if not converted:
-        return None
-    result = _ops["convolution"](wide, packed, bias, list(padding), list(stride), list(dilation), groups,
-                                 "none", [], "")
+    return wide if converted else None
+
+
+def _rounded(result: torch.Tensor, channels_last: bool, squeezed: bool) -> torch.Tensor:
+    """oneDNN's bfloat16 result rounded to float16 once, in the layout CUDA returns."""
     if not result.is_contiguous(memory_format=torch.channels_last):
         result = result.contiguous(memory_format=torch.channels_last)   # not torch's kernel seen here
     if channels_last:                       # oneDNN's result is channels-last: rounded where it lies

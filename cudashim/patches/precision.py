@@ -268,16 +268,19 @@ class WideningCache:
         copies = (self.packed_transposed if transposed else self.packed).copies
         return self._packed(weight, copies, lambda wide: packed_linear.pack(wide.t() if transposed else wide))
 
-    def packed_convolution_weight(self, weight, arguments, input_size):
+    def packed_convolution_weight(self, weight, arguments, input_size, pack=None):
         """``weight`` (a float16 conv2d's) in bfloat16 packed for oneDNN's convolution of
         ``arguments`` (padding, stride, dilation, groups) over inputs of ``input_size``, kept as
-        ``packed_weight`` keeps a linear layer's; packed again for other arguments."""
+        ``packed_weight`` keeps a linear layer's; packed again for other arguments. ``pack``:
+        ``packed_convolution.pack`` where not given, or ``pack_transposed`` for a transposed
+        convolution's, whose arguments (padding, output_padding, stride, dilation, groups) are
+        never a conv2d's."""
+        pack = packed_convolution.pack if pack is None else pack
         kept = self.packed_convolutions
         key = (id(weight), torch.bfloat16)
         if kept.arguments.get(key) != arguments:
             self._forget(key, kept.copies)
-        packed = self._packed(weight, kept.copies,
-                              lambda wide: packed_convolution.pack(wide, *arguments, input_size))
+        packed = self._packed(weight, kept.copies, lambda wide: pack(wide, *arguments, input_size))
         if packed is not None:
             kept.arguments[key] = arguments
         return packed
@@ -599,6 +602,8 @@ def _on_packed_weight_of(owner, name):
         return functools.partial(_on_packed_weight, form)
     if owner is torch and name in _PACKED_FUSED_LAYERS:
         return _PACKED_FUSED_LAYERS[name]
+    if (owner, name) in _PACKED_TRANSPOSED_CONVOLUTIONS:
+        return _on_packed_transposed_convolution
     return _on_packed_convolution if (owner, name) in _PACKED_CONVOLUTIONS else None
 
 
@@ -726,6 +731,80 @@ def _on_packed_convolution(at_once, cache, args, kwargs):
             not one_dimensional and (input_layout or weight_layout),
             lambda sizes, strides: scratch._borrowed(x.numel() * 2, torch.bfloat16, sizes, strides),
             squeezed=one_dimensional)
+    finally:
+        scratch.given_back(lent, result)
+    return NotImplemented if result is None else result
+
+
+# torch.conv_transpose2d is not replaced by the policy (nn.ConvTranspose2d calls the functional).
+_PACKED_TRANSPOSED_CONVOLUTIONS = frozenset({(F, "conv_transpose2d")})
+_TRANSPOSED_CONVOLUTION_PARAMETERS = ("input", "weight", "bias", "stride", "padding", "output_padding",
+                                      "groups", "dilation")
+
+
+def _transposed_convolution_arguments(args, kwargs):
+    """A ``conv_transpose2d`` call's (input, weight, bias, padding, output_padding, stride,
+    dilation, groups), the sizes as lists of two, or None where a size is no integer or pair of
+    them, or the call is one torch would refuse (its own message then)."""
+    if len(args) > len(_TRANSPOSED_CONVOLUTION_PARAMETERS) \
+            or not kwargs.keys() <= set(_TRANSPOSED_CONVOLUTION_PARAMETERS[len(args):]):
+        return None
+    given = dict(zip(_TRANSPOSED_CONVOLUTION_PARAMETERS, args), **kwargs)
+    x, weight = given.get("input"), given.get("weight")
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 4 or not isinstance(x, torch.Tensor) \
+            or x.dim() != 4:
+        return None
+    sizes = []
+    for name, default in (("padding", 0), ("output_padding", 0), ("stride", 1), ("dilation", 1)):
+        value = given.get(name, default)
+        each = [value] * 2 if type(value) is int else list(value) if isinstance(value, (tuple, list)) else None
+        if each is None or len(each) != 2 or not all(type(size) is int for size in each):
+            return None
+        sizes.append(each)
+    padding, output_padding, stride, dilation = sizes
+    groups = given.get("groups", 1)
+    if type(groups) is not int or groups < 1 or weight.shape[0] % groups or x.shape[1] != weight.shape[0]:
+        return None
+    for size, kernel, pad, extra, step, spacing in zip(x.shape[2:], weight.shape[2:], padding, output_padding,
+                                                        stride, dilation):
+        if step < 1 or spacing < 1 or pad < 0 or extra < 0 or (extra >= step and extra >= spacing) \
+                or (size - 1) * step - 2 * pad + spacing * (kernel - 1) + extra + 1 < 1:
+            return None
+    return x, weight, given.get("bias"), padding, output_padding, stride, dilation, groups
+
+
+def _on_packed_transposed_convolution(at_once, cache, args, kwargs):
+    """A float16 ``conv_transpose2d`` computed in bfloat16 on its weight packed for oneDNN's
+    channels-last kernels and kept, as ``_on_packed_convolution`` computes a ``conv2d``
+    (``kernels.packed_convolution.convolution_transposed``). NotImplemented, with nothing
+    converted, where that leaves a conv2d to the general path, or a size is not two integers."""
+    arguments = _transposed_convolution_arguments(args, kwargs)
+    if arguments is None:
+        return NotImplemented
+    x, weight, bias, padding, output_padding, stride, dilation, groups = arguments
+    if weight.__class__ is not torch.nn.Parameter or x.__class__ is not torch.Tensor \
+            or x.dtype is not HALF or weight.dtype is not HALF or not x.is_cpu or not weight.is_cpu \
+            or x.layout is not torch.strided or weight.layout is not torch.strided or not x.numel() \
+            or (bias is not None and (bias.__class__ not in _PLAIN or bias.dtype is not HALF or not bias.is_cpu
+                                      or bias.shape != (weight.shape[1] * groups,))):
+        return NotImplemented
+    input_layout, weight_layout = packed_convolution.laid_out(x), packed_convolution.laid_out(weight)
+    if input_layout is None or weight_layout is None or not packed_convolution.transposed_usable() \
+            or torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return NotImplemented
+    packed = cache.packed_convolution_weight(weight, (padding, output_padding, stride, dilation, groups),
+                                             list(x.shape), packed_convolution.pack_transposed)
+    if packed is None:
+        return NotImplemented
+    if bias is not None:
+        bias = cache.widen(bias, torch.bfloat16, copies=cache.packed_convolutions.copies)
+    scratch = _SCRATCH
+    lent = scratch.lending()
+    result = ()
+    try:
+        result = packed_convolution.convolution_transposed(
+            x, packed, bias, padding, output_padding, stride, dilation, groups, input_layout or weight_layout,
+            lambda sizes, strides: scratch._borrowed(x.numel() * 2, torch.bfloat16, sizes, strides))
     finally:
         scratch.given_back(lent, result)
     return NotImplemented if result is None else result
