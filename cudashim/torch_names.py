@@ -84,6 +84,10 @@ NAMES: Dict[str, Name] = {name.path: name for name in (
          "oneDNN reorders at every call, and their activations are converted and permuted in "
          "torch's two passes each way, as in a bfloat16 port")
       for path in ("torch._C._nn.mkldnn_reorder_conv2d_weight", "torch.ops.mkldnn._convolution_pointwise")),
+    _n("torch._C._nn.mkldnn_reorder_conv3d_weight", "precision", FALLBACK,
+       "float16 conv3d layers computed in bfloat16 keep a plain copy of their weight, which oneDNN "
+       "reorders at every call, and their activations are converted and permuted in torch's two "
+       "passes each way, as in a bfloat16 port"),
     *(_n(path, "precision", FALLBACK,
          "float16 conv_transpose2d layers computed in bfloat16 keep a plain copy of their weight, "
          "which oneDNN reorders at every call, and their activations are converted and permuted "

@@ -770,6 +770,37 @@ def test_a_conv1d_layer_in_bfloat16_packs_its_weight_as_a_conv2d_of_height_one(s
     assert _counted("torch.nn.functional.conv1d") == "float16 computed in bfloat16"
 
 
+def test_a_conv3d_layer_in_bfloat16_packs_its_weight_and_lays_out_its_result_as_cuda_does(speeds, monkeypatch):
+    """A float16 conv3d computed in bfloat16 (a video model's, a volumetric U-Net's) reads its weight
+    packed once for oneDNN's 3-D convolution of its arguments; its result holds torch's bfloat16
+    conv3d rounded to float16, channel-first from a channel-first input and channels-last from a
+    channels-last one, as CUDA lays it out."""
+    from cudashim.kernels import native, packed_convolution
+    if native.why_not_used() is None and packed_convolution.unavailable() is None:
+        assert packed_convolution.volumetric_unavailable() is None      # probed before counting
+    counts = _convolutions_counted(monkeypatch)
+    torch.manual_seed(6)
+    layers = {"padded": torch.nn.Conv3d(4, 8, 3, padding=1),
+              "strided, grouped": torch.nn.Conv3d(4, 6, (1, 3, 3), stride=(1, 2, 2), groups=2, bias=False)}
+    layers = {name: layer.half().eval() for name, layer in layers.items()}
+    x = torch.randn(2, 4, 3, 9, 7).half()
+    channels_last = x.contiguous(memory_format=torch.channels_last_3d)
+    by_hand = {name: _layer_in_bfloat16(layer, x) for name, layer in layers.items()}
+    by_hand_last = _layer_in_bfloat16(layers["padded"], channels_last)
+    _bfloat16_products(speeds)
+    with torch.no_grad():
+        for name, layer in layers.items():
+            for _ in range(2):
+                _close_to_bfloat16s(layer(x), by_hand[name])
+        assert counts == {"packed": 2, "computed": 4}
+        ours = layers["padded"](channels_last)
+        assert ours.is_contiguous(memory_format=torch.channels_last_3d) and not ours.is_contiguous()
+        _close_to_bfloat16s(ours, by_hand_last)
+        assert counts == {"packed": 2, "computed": 5}
+    assert counts.results_at == [([1, 1, 1], [1, 1, 1], [1, 1, 1], 1), ([0, 0, 0], [1, 2, 2], [1, 1, 1], 2)]
+    assert _counted("torch.nn.functional.conv3d") == "float16 computed in bfloat16"
+
+
 def test_a_conv_transpose2d_layer_in_bfloat16_packs_its_weight_and_lays_out_its_result_as_cuda_does(speeds, monkeypatch):
     """A float16 conv_transpose2d computed in bfloat16 (a DCGAN generator, a U-Net's decoder) reads
     its weight packed once for oneDNN's transposed convolution of its arguments, packed again once

@@ -1,5 +1,5 @@
-"""float16 2-D convolutions computed in bfloat16 on weights packed once for oneDNN's
-channels-last kernels.
+"""float16 convolutions (1-D, 2-D, 3-D and transposed 2-D) computed in bfloat16 on weights packed
+once for oneDNN's channels-last kernels.
 
 torch's CPU convolution in bfloat16 is oneDNN's. On a channel-first (NCHW) input, the layout
 CUDA programs use, it reorders the weight, and the activation in and out of the layout its
@@ -16,7 +16,8 @@ against 1.24x. An input already channels-last needs no permutation, and gains no
 packing there (1.3-1.5x its port either way: the conversions are what it costs). A transposed
 convolution (``conv_transpose2d``) runs the same way on oneDNN's transposed kernels, its weight
 packed by ``_reorder_convolution_transpose_weight`` (a DCGAN generator 0.90x its bfloat16 port,
-1.10x on plain copies).
+1.10x on plain copies); a 3-D one (``conv3d``) on its 5-D kernels, channels-last in three
+dimensions, its weight packed by ``mkldnn_reorder_conv3d_weight``.
 
 Used only where torch's own bfloat16 linear and convolution are oneDNN's (``packed_linear.not_offered``)
 and the compiled conversions run. The ops are private: where the running torch lacks one, or the
@@ -27,6 +28,7 @@ and every call is torch's own.
 from __future__ import annotations
 
 import functools
+import math
 from typing import List, Optional, Sequence
 
 import torch
@@ -36,6 +38,7 @@ from . import native, packed_linear
 
 _REORDER = "torch._C._nn.mkldnn_reorder_conv2d_weight"
 _CONVOLUTION = "torch.ops.mkldnn._convolution_pointwise"
+_REORDER_3D = "torch._C._nn.mkldnn_reorder_conv3d_weight"
 _REORDER_TRANSPOSED = "torch.ops.mkldnn._reorder_convolution_transpose_weight"
 _CONVOLUTION_TRANSPOSED = "torch.ops.mkldnn._convolution_transpose_pointwise"
 _ops = {}           # "reorder", "convolution" and their transposed twins, once found
@@ -132,6 +135,43 @@ def usable() -> bool:
     return torch.backends.mkldnn.enabled and unavailable() is None
 
 
+@functools.lru_cache(maxsize=None)
+def volumetric_unavailable() -> Optional[str]:
+    """As ``unavailable``, for 3-D convolutions (``conv3d``: video models, volumetric U-Nets):
+    their own reorder, then a probe of their own (padded, and strided and grouped), once a
+    process, at the first packed call."""
+    reason = unavailable()
+    if reason is not None:
+        return reason
+    if not torch_names.has(_REORDER_3D):
+        return f"torch {torch.__version__} has no {_REORDER_3D}"
+    try:
+        _ops.update(reorder_3d=torch_names.get(_REORDER_3D))
+        numbers = torch.Generator().manual_seed(0)
+        for stride, padding, groups in ((1, 1, 1), (2, 0, 3)):
+            x = torch.randn(2, 6, 5, 6, 4, generator=numbers, device="cpu").half()
+            weight = torch.randn(9, 6 // groups, 3, 3, 3, generator=numbers, device="cpu").bfloat16()
+            bias = torch.randn(9, generator=numbers, device="cpu").bfloat16()
+            arguments = ([padding] * 3, [stride] * 3, [1] * 3, groups)
+            packed = pack(weight, *arguments, list(x.shape))
+            for layout in (torch.contiguous_format, torch.channels_last_3d):
+                given = x.contiguous(memory_format=layout)
+                with torch.no_grad():
+                    own = torch.nn.functional.conv3d(given.bfloat16(), weight, bias, stride, padding, 1, groups)
+                    computed = convolution(given, packed, bias, *arguments, layout is torch.channels_last_3d)
+                if computed is None or not torch.equal(computed, own.half()) \
+                        or computed.is_contiguous() != (layout is torch.contiguous_format):
+                    return "oneDNN's packed bfloat16 3-D convolution does not compute torch's bfloat16 conv3d here"
+    except (RuntimeError, NotImplementedError, TypeError) as exc:   # oneDNN refuses, or another schema
+        return f"oneDNN's packed bfloat16 3-D convolution does not run here ({exc})"
+    return None
+
+
+def volumetric_usable() -> bool:
+    """As ``usable``, for 3-D convolutions."""
+    return torch.backends.mkldnn.enabled and volumetric_unavailable() is None
+
+
 def pack(weight: torch.Tensor, padding: List[int], stride: List[int], dilation: List[int],
          groups: int, input_size: List[int]) -> torch.Tensor:
     """``weight`` (bfloat16, out x in/groups x kH x kW, or a conv1d's out x in/groups x k, packed as
@@ -140,7 +180,8 @@ def pack(weight: torch.Tensor, padding: List[int], stride: List[int], dilation: 
     its kernel wants another layout)."""
     if weight.dim() == 3:
         weight = weight.unsqueeze(2)
-    return _ops["reorder"](weight.contiguous().to_mkldnn(), padding, stride, dilation, groups, input_size)
+    reorder = _ops["reorder_3d"] if weight.dim() == 5 else _ops["reorder"]
+    return reorder(weight.contiguous().to_mkldnn(), padding, stride, dilation, groups, input_size)
 
 
 def pack_transposed(weight: torch.Tensor, padding: List[int], output_padding: List[int], stride: List[int],
@@ -152,11 +193,15 @@ def pack_transposed(weight: torch.Tensor, padding: List[int], output_padding: Li
 
 
 def laid_out(x: torch.Tensor) -> Optional[bool]:
-    """Whether a 4-D host tensor is channels-last (True) or channel-first (False), dense either
-    way; None for any other layout, which this path leaves to torch."""
+    """Whether a 4-D or 5-D host tensor is channels-last (True) or channel-first (False), dense
+    either way; None for any other layout, which this path leaves to torch."""
     if x.is_contiguous():
         return False
-    return True if x.is_contiguous(memory_format=torch.channels_last) else None
+    return True if x.is_contiguous(memory_format=_channels_last(x.dim())) else None
+
+
+def _channels_last(dimensions: int) -> torch.memory_format:
+    return torch.channels_last_3d if dimensions == 5 else torch.channels_last
 
 
 def convolution(x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor],
@@ -192,24 +237,30 @@ def convolution_transposed(x: torch.Tensor, packed: torch.Tensor, bias: Optional
 
 
 def _channels_last_bfloat16(x: torch.Tensor, borrowed) -> Optional[torch.Tensor]:
-    """``x`` (float16, 4-D, dense) in bfloat16, channels-last, in one pass; None where the
+    """``x`` (float16, 4-D or 5-D, dense) in bfloat16, channels-last, in one pass; None where the
     compiled conversions do not run here."""
-    batch, channels, height, width = x.shape
-    strides = (height * width * channels, 1, width * channels, channels)
-    wide = borrowed(x.shape, strides) if borrowed is not None \
+    batch, channels, *spatial = x.shape
+    positions = math.prod(spatial)
+    strides = [positions * channels, 1]
+    for size in spatial:
+        positions //= size
+        strides.append(positions * channels)
+    wide = borrowed(x.shape, tuple(strides)) if borrowed is not None \
         else torch.empty_strided(x.shape, strides, dtype=torch.bfloat16, device="cpu")
     converted = native.converted_into(x, wide, torch.bfloat16) if laid_out(x) \
-        else native.converted_transposed_into(x, wide, torch.bfloat16, batch, channels, height * width)
+        else native.converted_transposed_into(x, wide, torch.bfloat16, batch, channels, math.prod(spatial))
     return wide if converted else None
 
 
 def _rounded(result: torch.Tensor, channels_last: bool, squeezed: bool) -> torch.Tensor:
     """oneDNN's bfloat16 result rounded to float16 once, in the layout CUDA returns."""
-    if not result.is_contiguous(memory_format=torch.channels_last):
-        result = result.contiguous(memory_format=torch.channels_last)   # not torch's kernel seen here
+    layout = _channels_last(result.dim())
+    if not result.is_contiguous(memory_format=layout):
+        result = result.contiguous(memory_format=layout)                # not torch's kernel seen here
     if channels_last:                       # oneDNN's result is channels-last: rounded where it lies
         return native.reduced_converted_in_place(result, torch.float16, frozenset())
-    batch, channels, height, width = result.shape
-    out = torch.empty((batch, channels, width) if squeezed else result.shape, dtype=torch.float16, device="cpu")
-    native.converted_transposed_into(result, out, torch.float16, batch, height * width, channels)
+    batch, channels, *spatial = result.shape
+    out = torch.empty((batch, channels, spatial[-1]) if squeezed else result.shape, dtype=torch.float16,
+                      device="cpu")
+    native.converted_transposed_into(result, out, torch.float16, batch, math.prod(spatial), channels)
     return out

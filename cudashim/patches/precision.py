@@ -643,12 +643,12 @@ def _on_packed_weight(form, at_once, cache, args, kwargs):
     return _to_half(result, frozenset())          # a result of its own: rounded where it lies
 
 
-_PACKED_CONVOLUTIONS = frozenset({(F, "conv2d"), (torch, "conv2d"), (F, "conv1d"), (torch, "conv1d")})
+_PACKED_CONVOLUTIONS = frozenset({(owner, name) for owner in (F, torch) for name in ("conv1d", "conv2d", "conv3d")})
 _CONVOLUTION_PARAMETERS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
 
 
 def _convolution_arguments(args, kwargs):
-    """A ``conv2d`` or ``conv1d`` call's (input, weight, bias, padding, stride, dilation, groups),
+    """A ``conv1d``, ``conv2d`` or ``conv3d`` call's (input, weight, bias, padding, stride, dilation, groups),
     the sizes as lists of one per spatial dimension (the weight's), or None where the packed path
     leaves it to torch: padding "same" that torch pads unevenly (or with a stride, which torch
     refuses), a size that is no integer or tuple of them."""
@@ -657,7 +657,7 @@ def _convolution_arguments(args, kwargs):
         return None
     given = dict(zip(_CONVOLUTION_PARAMETERS, args), **kwargs)
     x, weight = given.get("input"), given.get("weight")
-    if not isinstance(weight, torch.Tensor) or weight.dim() not in (3, 4):
+    if not isinstance(weight, torch.Tensor) or weight.dim() not in (3, 4, 5):
         return None
     dimensions = weight.dim() - 2
     sizes = []
@@ -685,8 +685,8 @@ def _convolution_arguments(args, kwargs):
 
 
 def _on_packed_convolution(at_once, cache, args, kwargs):
-    """A float16 ``conv2d`` or ``conv1d`` computed in bfloat16 on its weight packed for oneDNN's
-    channels-last kernels and kept (``WideningCache.packed_convolution_weight``), the input
+    """A float16 ``conv2d``, ``conv3d`` or ``conv1d`` computed in bfloat16 on its weight packed for
+    oneDNN's channels-last kernels and kept (``WideningCache.packed_convolution_weight``), the input
     converted and laid out channels-last in one pass, the result converted back in the layout CUDA
     returns (``kernels.packed_convolution``; a conv1d is a conv2d of height one, its result
     contiguous, as cuDNN returns a 1-D convolution's). NotImplemented, with nothing converted,
@@ -714,7 +714,8 @@ def _on_packed_convolution(at_once, cache, args, kwargs):
     else:
         weight_layout = packed_convolution.laid_out(weight)
     input_layout = packed_convolution.laid_out(x)
-    if input_layout is None or weight_layout is None or not packed_convolution.usable() \
+    usable = packed_convolution.volumetric_usable if x.dim() == 5 else packed_convolution.usable
+    if input_layout is None or weight_layout is None or not usable() \
             or torch.compiler.is_compiling() or torch.jit.is_tracing():
         return NotImplemented
     packed = cache.packed_convolution_weight(weight, (padding, stride, dilation, groups), list(x.shape))
