@@ -650,29 +650,35 @@ def test_a_conv1d_layer_of_gpt2_packs_its_weight_laid_out_in_by_out(speeds, monk
     assert _counted("torch.addmm (memory-bound)") == "float16 computed in bfloat16"
 
 
-def _convolutions_counted(monkeypatch):
+def _convolutions_counted(monkeypatch, transposed=False):
     """Counts of the policy's calls into ``kernels.packed_convolution``: weights packed (with the
-    arguments each was packed for), convolutions computed. Skips where packing does not run
-    here, saying why; where linear layers pack and the compiled conversions run, convolutions'
-    probe passes (it computes what the policy computes: a wrong layout or value turns packing off)."""
+    arguments each was packed for), convolutions computed (``transposed``: transposed ones).
+    Skips where packing does not run here, saying why; where linear layers pack and the compiled
+    conversions run, convolutions' probes pass (they compute what the policy computes: a wrong
+    layout or value turns packing off). The probes run before the counting starts."""
     from cudashim.kernels import native, packed_convolution, packed_linear
     reason = packed_linear.unavailable() or native.why_not_used()
     if reason is not None:
         pytest.skip(reason)
     assert packed_convolution.unavailable() is None
+    assert packed_convolution.volumetric_unavailable() is None
+    assert packed_convolution.transposed_unavailable() is None
     counts = _Counts(packed=0, computed=0)
-    pack, convolution = packed_convolution.pack, packed_convolution.convolution
+    pack_name, convolution_name = ("pack_transposed", "convolution_transposed") if transposed \
+        else ("pack", "convolution")
+    pack, convolution = getattr(packed_convolution, pack_name), getattr(packed_convolution, convolution_name)
+    arguments_kept = 5 if transposed else 4
 
     def packing(weight, *arguments):
         counts["packed"] += 1
-        counts.results_at.append(arguments[:4])
+        counts.results_at.append(arguments[:arguments_kept])
         return pack(weight, *arguments)
 
     def computing(*args, **kwargs):
         counts["computed"] += 1
         return convolution(*args, **kwargs)
-    monkeypatch.setattr(packed_convolution, "pack", packing)
-    monkeypatch.setattr(packed_convolution, "convolution", computing)
+    monkeypatch.setattr(packed_convolution, pack_name, packing)
+    monkeypatch.setattr(packed_convolution, convolution_name, computing)
     return counts
 
 
@@ -775,9 +781,6 @@ def test_a_conv3d_layer_in_bfloat16_packs_its_weight_and_lays_out_its_result_as_
     packed once for oneDNN's 3-D convolution of its arguments; its result holds torch's bfloat16
     conv3d rounded to float16, channel-first from a channel-first input and channels-last from a
     channels-last one, as CUDA lays it out."""
-    from cudashim.kernels import native, packed_convolution
-    if native.why_not_used() is None and packed_convolution.unavailable() is None:
-        assert packed_convolution.volumetric_unavailable() is None      # probed before counting
     counts = _convolutions_counted(monkeypatch)
     torch.manual_seed(6)
     layers = {"padded": torch.nn.Conv3d(4, 8, 3, padding=1),
@@ -810,22 +813,7 @@ def test_a_conv_transpose2d_layer_in_bfloat16_packs_its_weight_and_lays_out_its_
     keywords. A gradient recorded through the weight, an unbatched input, and a call torch refuses
     are torch's own."""
     import copy
-    from cudashim.kernels import packed_convolution
-    _convolutions_counted(monkeypatch)
-    assert packed_convolution.transposed_unavailable() is None
-    counts = _Counts(packed=0, computed=0)
-    pack, convolution = packed_convolution.pack_transposed, packed_convolution.convolution_transposed
-
-    def packing(weight, *arguments):
-        counts["packed"] += 1
-        counts.results_at.append(arguments[:5])
-        return pack(weight, *arguments)
-
-    def computing(*args, **kwargs):
-        counts["computed"] += 1
-        return convolution(*args, **kwargs)
-    monkeypatch.setattr(packed_convolution, "pack_transposed", packing)
-    monkeypatch.setattr(packed_convolution, "convolution_transposed", computing)
+    counts = _convolutions_counted(monkeypatch, transposed=True)
     torch.manual_seed(5)
     layers = {"upsampling": torch.nn.ConvTranspose2d(6, 8, 4, stride=2, padding=1, bias=False),
               "grouped, dilated": torch.nn.ConvTranspose2d(6, 9, 3, padding=1, groups=3, dilation=2),

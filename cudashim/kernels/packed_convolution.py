@@ -109,23 +109,35 @@ def unavailable() -> Optional[str]:
         return reason
     try:
         _ops.update(reorder=torch_names.get(_REORDER), convolution=torch_names.get(_CONVOLUTION))
-        numbers = torch.Generator().manual_seed(0)
-        for stride, padding, groups in ((1, 1, 1), (2, 0, 3)):
-            x = torch.randn(2, 6, 9, 7, generator=numbers, device="cpu").half()
-            weight = torch.randn(9, 6 // groups, 3, 3, generator=numbers, device="cpu").bfloat16()
-            bias = torch.randn(9, generator=numbers, device="cpu").bfloat16()
-            arguments = ([padding] * 2, [stride] * 2, [1, 1], groups)
-            packed = pack(weight, *arguments, list(x.shape))
-            for layout in (torch.contiguous_format, torch.channels_last):
-                given = x.contiguous(memory_format=layout)
-                with torch.no_grad():
-                    own = torch.nn.functional.conv2d(given.bfloat16(), weight, bias, stride, padding, 1, groups)
-                    computed = convolution(given, packed, bias, *arguments, layout is torch.channels_last)
-                if computed is None or not torch.equal(computed, own.half()) \
-                        or computed.is_contiguous() != (layout is torch.contiguous_format):
-                    return "oneDNN's packed bfloat16 convolution does not compute torch's bfloat16 convolution here"
+        return _probed((9, 7))
     except (RuntimeError, NotImplementedError, TypeError) as exc:   # oneDNN refuses, or another schema
         return f"oneDNN's packed bfloat16 convolution does not run here ({exc})"
+
+
+def _probed(spatial) -> Optional[str]:
+    """None where packed convolutions over inputs of ``spatial`` sizes (two or three) compute
+    torch's own bfloat16 convolution, rounded to float16, in the layout CUDA returns, for a
+    padded one and a strided and grouped one, from channel-first and channels-last inputs; else
+    why not."""
+    dimensions = len(spatial)
+    own_convolution = torch.nn.functional.conv3d if dimensions == 3 else torch.nn.functional.conv2d
+    last = _channels_last(dimensions + 2)
+    numbers = torch.Generator().manual_seed(0)
+    for stride, padding, groups in ((1, 1, 1), (2, 0, 3)):
+        x = torch.randn(2, 6, *spatial, generator=numbers, device="cpu").half()
+        weight = torch.randn(9, 6 // groups, *[3] * dimensions, generator=numbers, device="cpu").bfloat16()
+        bias = torch.randn(9, generator=numbers, device="cpu").bfloat16()
+        arguments = ([padding] * dimensions, [stride] * dimensions, [1] * dimensions, groups)
+        packed = pack(weight, *arguments, list(x.shape))
+        for layout in (torch.contiguous_format, last):
+            given = x.contiguous(memory_format=layout)
+            with torch.no_grad():
+                own = own_convolution(given.bfloat16(), weight, bias, stride, padding, 1, groups)
+                computed = convolution(given, packed, bias, *arguments, layout is last)
+            if computed is None or not torch.equal(computed, own.half()) \
+                    or computed.is_contiguous() != (layout is torch.contiguous_format):
+                return (f"oneDNN's packed bfloat16 {dimensions}-D convolution does not compute torch's "
+                        f"bfloat16 convolution here")
     return None
 
 
@@ -147,24 +159,9 @@ def volumetric_unavailable() -> Optional[str]:
         return f"torch {torch.__version__} has no {_REORDER_3D}"
     try:
         _ops.update(reorder_3d=torch_names.get(_REORDER_3D))
-        numbers = torch.Generator().manual_seed(0)
-        for stride, padding, groups in ((1, 1, 1), (2, 0, 3)):
-            x = torch.randn(2, 6, 5, 6, 4, generator=numbers, device="cpu").half()
-            weight = torch.randn(9, 6 // groups, 3, 3, 3, generator=numbers, device="cpu").bfloat16()
-            bias = torch.randn(9, generator=numbers, device="cpu").bfloat16()
-            arguments = ([padding] * 3, [stride] * 3, [1] * 3, groups)
-            packed = pack(weight, *arguments, list(x.shape))
-            for layout in (torch.contiguous_format, torch.channels_last_3d):
-                given = x.contiguous(memory_format=layout)
-                with torch.no_grad():
-                    own = torch.nn.functional.conv3d(given.bfloat16(), weight, bias, stride, padding, 1, groups)
-                    computed = convolution(given, packed, bias, *arguments, layout is torch.channels_last_3d)
-                if computed is None or not torch.equal(computed, own.half()) \
-                        or computed.is_contiguous() != (layout is torch.contiguous_format):
-                    return "oneDNN's packed bfloat16 3-D convolution does not compute torch's bfloat16 conv3d here"
+        return _probed((5, 6, 4))
     except (RuntimeError, NotImplementedError, TypeError) as exc:   # oneDNN refuses, or another schema
         return f"oneDNN's packed bfloat16 3-D convolution does not run here ({exc})"
-    return None
 
 
 def volumetric_usable() -> bool:

@@ -723,15 +723,20 @@ def _on_packed_convolution(at_once, cache, args, kwargs):
         return NotImplemented
     if bias is not None:
         bias = cache.widen(bias, torch.bfloat16, copies=cache.packed_convolutions.copies)
+    return _on_scratch(x, lambda borrowed: packed_convolution.convolution(
+        x, packed, bias, padding, stride, dilation, groups, not one_dimensional and (input_layout or weight_layout),
+        borrowed, squeezed=one_dimensional))
+
+
+def _on_scratch(x, compute):
+    """``compute(borrowed)``, ``borrowed(sizes, strides)`` lending one of the thread's kept
+    bfloat16 buffers for ``x`` converted, given back once the result is made; NotImplemented
+    where ``compute`` answers None (the compiled conversions do not run here)."""
     scratch = _SCRATCH
     lent = scratch.lending()
     result = ()
     try:
-        result = packed_convolution.convolution(
-            x, packed, bias, padding, stride, dilation, groups,
-            not one_dimensional and (input_layout or weight_layout),
-            lambda sizes, strides: scratch._borrowed(x.numel() * 2, torch.bfloat16, sizes, strides),
-            squeezed=one_dimensional)
+        result = compute(lambda sizes, strides: scratch._borrowed(x.numel() * 2, torch.bfloat16, sizes, strides))
     finally:
         scratch.given_back(lent, result)
     return NotImplemented if result is None else result
@@ -799,16 +804,9 @@ def _on_packed_transposed_convolution(at_once, cache, args, kwargs):
         return NotImplemented
     if bias is not None:
         bias = cache.widen(bias, torch.bfloat16, copies=cache.packed_convolutions.copies)
-    scratch = _SCRATCH
-    lent = scratch.lending()
-    result = ()
-    try:
-        result = packed_convolution.convolution_transposed(
-            x, packed, bias, padding, output_padding, stride, dilation, groups, input_layout or weight_layout,
-            lambda sizes, strides: scratch._borrowed(x.numel() * 2, torch.bfloat16, sizes, strides))
-    finally:
-        scratch.given_back(lent, result)
-    return NotImplemented if result is None else result
+    return _on_scratch(x, lambda borrowed: packed_convolution.convolution_transposed(
+        x, packed, bias, padding, output_padding, stride, dilation, groups, input_layout or weight_layout,
+        borrowed))
 
 
 _ENCODER_LAYER_PARAMETERS = (
