@@ -100,15 +100,16 @@ def why_not() -> Optional[str]:
 
 
 def run(commands: Sequence[Command], *, nodes: int = 2, rate: Optional[str] = None,
-        timeout: float = 240, environ: Optional[Dict[str, str]] = None) -> ClusterRun:
+        timeout: float = 240, environ: Optional[Dict[str, str]] = None, reached: Sequence[int] = ()) -> ClusterRun:
     """Run ``commands`` side by side on a fresh cluster of ``nodes``; ``rate`` (``"1gbit"``)
-    shapes every node's link; each command sees ``environ`` plus its own ``env``."""
+    shapes every node's link; each command sees ``environ`` plus its own ``env``. ``reached``:
+    the nodes a command starts programs on itself (pdsh, as ssh would), which get a zygote too."""
     import zygote
     with tempfile.TemporaryDirectory(prefix="cluster-") as tmp:
         spec, result = Path(tmp, "spec.json"), Path(tmp, "result.json")
         spec.write_text(json.dumps({
             "nodes": nodes, "rate": rate, "timeout": timeout, "environ": dict(environ or os.environ),
-            "commands": [dataclasses.asdict(command) for command in commands],
+            "commands": [dataclasses.asdict(command) for command in commands], "reached": list(reached),
             "zygotes": zygote.executable() != sys.executable}))
         driver = subprocess.run([*_NAMESPACES, sys.executable, __file__, str(spec), str(result)],
                                 capture_output=True, text=True, timeout=timeout + 120)
@@ -175,17 +176,26 @@ def _processes_left(driver_pid: int) -> List[str]:
 def _node_zygotes(spec: dict) -> dict:
     """A serving zygote per node that runs a command, started with that node's first command's
     environment (a command whose environment differs where Python or torch read it as they start
-    is started afresh by it)."""
+    is started afresh by it), and per node reached from one (with the first command's). Each
+    zygote's folder lists every node's socket: a program started on another node with this
+    node's interpreter (pdsh runs ``sys.executable`` there) forks from that node's zygote."""
     import zygote
     zygotes = {}
     for command in spec["commands"]:
         if command["node"] not in zygotes:
             zygotes[command["node"]] = zygote.Zygote({**spec["environ"], **command["env"]},
                                                      launcher=on_node(command["node"], []))
+    first = spec["commands"][0]
+    for node in spec["reached"]:
+        if node not in zygotes:
+            zygotes[node] = zygote.Zygote({**spec["environ"], **first["env"]}, launcher=on_node(node, []))
     for node, started in list(zygotes.items()):
         if not started.serving(timeout=120):
             started.stop()
             del zygotes[node]
+    sockets = {node_name(node): str(started.address) for node, started in zygotes.items()}
+    for started in zygotes.values():
+        started.list_siblings(sockets)
     return zygotes
 
 

@@ -93,6 +93,37 @@ def test_a_program_started_on_a_node_lives_on_that_node():
         assert (interpreter != sys.executable) == expected, (node, interpreter)
 
 
+
+def test_a_program_started_on_another_node_through_pdsh_is_forked_from_that_nodes_zygote(tmp_path):
+    """pdsh (tests/fakes/bin/pdsh, as DeepSpeed's multi-node runner calls it) runs this node's
+    ``sys.executable`` on another node, in a login environment given the job's exports (DeepSpeed
+    exports PYTHON*, the suite's programs' thread count is a job's own). The
+    program lives on that node and, where the suite forks its programs, is forked from that
+    node's zygote (every node's zygote names the others by host name), not started afresh."""
+    import zygote
+    from conftest import FAKES
+    starter = tmp_path / "start_on_node1.py"
+    starter.write_text(
+        "import os, shlex, subprocess, sys\n"
+        "shown = 'import socket, sys; print(socket.gethostname(), sys.executable)'\n"
+        "exports = ''.join(f'export {name}={shlex.quote(value)}; ' for name, value in os.environ.items()\n"
+        "                  if name.startswith('PYTHON') or name == 'OMP_NUM_THREADS')   # as DeepSpeed's runner\n"
+        "print(sys.executable, flush=True)\n"
+        "subprocess.run(['pdsh', '-w', 'node1', f'{exports}cd {os.getcwd()}; {sys.executable} -c {shlex.quote(shown)}'],\n"
+        "               check=True)\n")
+    run = run_cluster([cluster.Command(0, [sys.executable, str(starter)], cwd=str(ROOT),
+                                       env={"PATH": f"{FAKES / 'bin'}:{_clean_env()['PATH']}"})], reached=[1])
+    assert run.returncodes == [0], run.output()
+    assert not run.left_behind, run.left_behind
+    starters, line = run.outcomes[0].stdout.splitlines()
+    host, name, interpreter = line.split()
+    assert (host, name) == ("node1:", "node1")
+    if zygote.executable() == sys.executable:        # --fresh-interpreters: every program afresh
+        assert interpreter == starters == sys.executable
+    else:                                            # node1's own client, not node0's or none
+        assert interpreter not in (sys.executable, starters), (interpreter, starters)
+
+
 def test_two_nodes_of_two_ranks_train_like_one_node_of_four(tmp_path, one_node_of_four):
     """Under torchrun's c10d rendezvous. Its static form (``--master-addr``, ``--node-rank``)
     starts the eight-rank job on the test accelerator and the compressed allreduce's nodes below."""

@@ -93,6 +93,13 @@ class Zygote:
         client.chmod(0o755)
         return client
 
+    def list_siblings(self, sockets: dict) -> None:
+        """Name the zygotes of other hosts (a cluster's nodes: tests/cluster.py) by host name:
+        the client reaching this one from such a host connects to that host's instead."""
+        written = self.folder / "hosts.json.partial"
+        written.write_text(json.dumps(sockets))
+        written.rename(self.folder / "hosts.json")
+
     def serving(self, timeout: float) -> bool:
         """Wait until it serves; False if it ended first or did not serve in time. (Its Popen
         cannot tell from a forked test whether it ended: it is the worker's child, not the test's.)"""

@@ -23,7 +23,7 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signa
 
 
 def main(address: str, real_python: str, args: list) -> None:
-    connection = _connect(address)
+    connection = _connect(_this_hosts_zygote(address))
     if connection is None:
         _become_the_real_interpreter(real_python, args)
     # What this process's parent made it ignore (nohup, a background job of a script), read
@@ -105,6 +105,17 @@ def _die_by(number: int) -> None:
         signal.signal(number, signal.SIG_DFL)
     os.kill(os.getpid(), number)
     os._exit(128 + number)
+
+
+def _this_hosts_zygote(address: str) -> str:
+    """The socket of the zygote on this host: the one named, unless its folder names another
+    zygote for this host name (a cluster node's, reached by pdsh with another node's client)."""
+    try:
+        with open(os.path.join(os.path.dirname(address), "hosts.json")) as listing:
+            hosts = json.load(listing)
+    except (OSError, ValueError):
+        return address
+    return hosts.get(os.uname().nodename, address)
 
 
 def _connect(address: str):
