@@ -443,7 +443,7 @@ def test_transformers_generates_the_same_tokens_as_on_the_cpu(tmp_path):
     for target in targets(**ON_THE_TEST_ACCELERATOR):
         on_target = tokens(target)
         assert on_target == on_cpu, target.name
-        assert on_target["sdpa"] == on_target["flash_attention_2"]
+        assert on_target["sdpa"] == on_target["flash_attention_2"] == on_target["device_map"]
 
 
 def test_the_cuda_libraries_example_trains_with_the_stand_ins(tmp_path):

@@ -3,7 +3,8 @@ its CUDA words: DeepSpeed on its own accelerator for the target, Lightning and A
 their CUDA paths.
 
 Lightning's part is ``lightning.py``, Accelerate's ``accelerate.py``, Ray's GPU count
-``ray.py``. The rest of this module is DeepSpeed's.
+``ray.py``, the Hub's kernels that transformers loads models with ``hub_kernels.py``. The rest of
+this module is DeepSpeed's.
 
 DeepSpeed chooses its device layer (``deepspeed.accelerator``) from ``DS_ACCELERATOR``, or,
 where that is unset, from what ``torch.cuda`` answers, which under cudashim is the program's
@@ -45,7 +46,7 @@ from typing import Optional, Tuple
 import wrapt
 
 from ...errors import CudashimWarning, UnsupportedCudaAPI
-from . import accelerate, lightning, ray
+from . import accelerate, hub_kernels, lightning, ray
 from . import deepspeed_onebit as onebit
 
 SELECTOR = "DS_ACCELERATOR"
@@ -109,6 +110,7 @@ def install(activation):
     lightning.install(activation)
     accelerate.install(activation)
     ray.install(activation)
+    hub_kernels.install(activation)
     wanted = activation.backend.deepspeed_accelerator
     if wanted is None:                       # a target DeepSpeed has no layer for
         _refuse_cuda_ops(activation)
