@@ -153,34 +153,58 @@ def test_elsewhere_a_calibration_runs_once_and_is_cached(monkeypatch, tmp_path, 
     assert cpu_speed.speeds()[0] == fast and measured == [1]
 
 
-def test_a_table_timed_while_other_work_held_the_cpu_serves_its_process_and_is_not_kept(
+def test_a_table_timed_while_other_work_held_the_cpu_is_provisional_until_a_program_starts_on_a_free_one(
         monkeypatch, tmp_path, caplog):
-    """Every turn's threads waited for a CPU: the choices serve this process, the next one times
-    them again, and what the doctor shows says so. Timed unstalled, they are kept where
-    CUDASHIM_CACHE_DIR names."""
+    """Every turn's threads waited for a CPU: the choices are kept as provisional, the programs
+    after it read them while the CPU is still shared (not timing them again beside the same
+    load), and the first that starts on a free CPU times them again and keeps them for good.
+    What the doctor shows says which."""
     import logging
 
     from cudashim.backends import cpu_speed, timing
-    monkeypatch.setenv("CUDASHIM_CACHE_DIR", str(tmp_path / "kept"))
+    kept = tmp_path / "kept" / "float16-matmuls.json"
+    monkeypatch.setenv("CUDASHIM_CACHE_DIR", str(kept.parent))
     monkeypatch.setattr(cpu_speed, "speeds", lambda profile: (SLOW_BOTH, "a CPU that emulates float16"))
     measured = []
     real_measure = cpu_speed._measure_matmuls
     monkeypatch.setattr(cpu_speed, "_measure_matmuls", lambda stopwatch: measured.append(1) or real_measure(stopwatch))
+
+    def new_process():
+        cpu_speed.matmul_choices.cache_clear()
+        cpu_speed._cpu_free_now.cache_clear()
+        return cpu_speed.matmul_choices()
+
     waited = iter(range(0, 10 ** 15, 10 ** 9))                # a second's wait at every read
     monkeypatch.setattr(timing, "waited_ns", lambda: next(waited))
-    for process in range(2):
-        cpu_speed.matmul_choices.cache_clear()
-        with caplog.at_level(logging.INFO, logger=cpu_speed.__name__):
-            choices = cpu_speed.matmul_choices()
-        assert measured == [1] * (process + 1) and "not cached: other work held the CPU" in choices.how_known
-        assert "other work held this CPU" in caplog.text
-        assert not (tmp_path / "kept").exists()
+    with caplog.at_level(logging.INFO, logger=cpu_speed.__name__):
+        timed_busy = new_process()
+    assert measured == [1] and "provisional in" in timed_busy.how_known
+    assert "other work held this CPU" in caplog.text
+    assert [key.endswith(cpu_speed.PROVISIONAL) for key in json.loads(kept.read_text())] == [True]
+    for _ in range(2):                                       # the CPU still shared: read, not timed
+        read = new_process()
+        assert measured == [1] and "provisional in" in read.how_known
+        assert read.memory_bound == timed_busy.memory_bound and read.compute_bound == timed_busy.compute_bound
+
+    monkeypatch.setattr(timing, "waited_ns", lambda: 0)      # a program that starts on a free CPU
+    timed_free = new_process()
+    assert measured == [1, 1] and f"cached in {kept}" in timed_free.how_known
+    assert [key.endswith(cpu_speed.PROVISIONAL) for key in json.loads(kept.read_text())] == [False]
+    monkeypatch.setattr(timing, "waited_ns", lambda: next(waited))   # kept for good, busy or not
+    assert new_process().memory_bound == timed_free.memory_bound and measured == [1, 1]
+
+
+def test_a_free_cpu_is_told_from_one_other_work_holds(monkeypatch):
+    """The probe a program makes once before it reads a provisional answer: a CPU is free where
+    the process's threads did not wait for it, and where the system does not say."""
+    from cudashim.backends import timing
     monkeypatch.setattr(timing, "waited_ns", lambda: 0)
-    cpu_speed.matmul_choices.cache_clear()
-    choices = cpu_speed.matmul_choices()
-    assert f"cached in {tmp_path / 'kept' / 'float16-matmuls.json'}" in choices.how_known and len(measured) == 3
-    cpu_speed.matmul_choices.cache_clear()
-    assert cpu_speed.matmul_choices().memory_bound == choices.memory_bound and len(measured) == 3
+    assert timing.cpu_is_free(0.001)
+    waited = iter(range(0, 10 ** 15, 10 ** 9))
+    monkeypatch.setattr(timing, "waited_ns", lambda: next(waited))
+    assert not timing.cpu_is_free(0.001)
+    monkeypatch.setattr(timing, "waited_ns", lambda: None)
+    assert timing.cpu_is_free(0.001)
 
 
 def test_a_table_is_timed_again_for_other_kernels_of_torchs(monkeypatch, tmp_path):

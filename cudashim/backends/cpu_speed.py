@@ -13,8 +13,9 @@ measurements below choose each call's dtype, as on a CPU that emulates float16. 
 calibration decides: one small matmul per dtype against float32 and against each other. It runs once per machine
 and torch version, when a policy first asks (never at import), and is cached where the user's
 caches live (``$CUDASHIM_CACHE_DIR``, else ``$XDG_CACHE_HOME/cudashim``, else
-``~/.cache/cudashim``). An answer timed while other work held the CPU serves its process and is
-not cached (``timing``): the next process times it again.
+``~/.cache/cudashim``). An answer timed while other work held the CPU (``timing``) is kept as
+provisional: the processes after it read it while the CPU is still shared, and the first that
+starts on a free CPU times it again and keeps that answer for good.
 
 Where float16 is slow, what explicit float16 matmuls compute in is measured too
 (``matmul_choices``): each shape class timed in float16 as asked, in bfloat16 and in float32
@@ -48,6 +49,7 @@ import torch
 from .. import torch_names
 from ..kernels import packed_linear
 from ..tables.host_profiles import MEASURED, PROFILES
+from . import timing
 from .timing import UNSTALLED, Stopwatch
 
 log = logging.getLogger(__name__)
@@ -131,36 +133,72 @@ def cache_file(name: str = "cpu-dtype-speed.json") -> Path:
     return Path(root, "cudashim", name)
 
 
+# The key an answer timed while other work held the CPU is kept under, beside the key it would
+# be kept under for good (which older releases read, and never find it under).
+PROVISIONAL = " (provisional: timed while other work held the CPU)"
+
+
 def _cached(path: Path, key: str, measure) -> Tuple[dict, str]:
     """``measure(stopwatch)``'s answer for ``key`` and where it is kept: read from ``path``
     where a process measured it before, else measured and written there (atomically: no reader
-    sees half a file), unless other work held the CPU while it was timed."""
+    sees half a file).
+
+    An answer timed while other work held the CPU is kept as provisional: the processes after
+    it read it while the CPU is still shared (timing it again beside the same load would cost
+    each of them seconds and choose no better), and the first to find the CPU free times it
+    again and keeps that answer for good."""
+    table = _read_table(path)
+    if key in table:
+        return table[key], f"cached in {path}"
+    provisional = table.get(key + PROVISIONAL)
+    if provisional is not None and not _cpu_free_now():
+        return provisional, (f"provisional in {path}: timed while other work held the CPU, timed "
+                             f"again by a program that starts on a free one")
+    stopwatch = Stopwatch()
+    answer = measure(stopwatch)
+    if stopwatch.contended:
+        log.info("cudashim: other work held this CPU while %s was timed (%d calls stalled): the "
+                 "answer is kept as provisional, and timed again when a program starts on a free "
+                 "CPU", key, stopwatch.contended_calls)
+        kept = _keep(path, key + PROVISIONAL, answer, drop=None)
+        return answer, (f"provisional in {path}: timed while other work held the CPU, timed again "
+                        f"by a program that starts on a free one" if kept is None else
+                        f"not cached: other work held the CPU while it was timed, and {kept}")
+    kept = _keep(path, key, answer, drop=key + PROVISIONAL)
+    return answer, f"cached in {path}" if kept is None else f"not cached: {kept}"
+
+
+def _read_table(path: Path) -> dict:
     try:
-        cached = json.loads(path.read_text()).get(key)
+        return json.loads(path.read_text())
     except (OSError, ValueError):
-        cached = None
-    if cached is None:
-        stopwatch = Stopwatch()
-        cached = measure(stopwatch)
-        if stopwatch.contended:
-            log.info("cudashim: other work held this CPU while %s was timed (%d calls stalled): the "
-                     "answer serves this process, and the next one times it again", key,
-                     stopwatch.contended_calls)
-            return cached, "not cached: other work held the CPU while it was timed"
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                table = json.loads(path.read_text())
-            except (OSError, ValueError):
-                table = {}
-            table[key] = cached
-            temporary = path.with_suffix(f".{os.getpid()}.tmp")
-            temporary.write_text(json.dumps(table, indent=1))
-            temporary.replace(path)
-        except OSError as exc:
-            log.debug("cudashim: %s is not cached (%s)", key, exc)
-            return cached, f"not cached: {exc}"
-    return cached, f"cached in {path}"
+        return {}
+
+
+def _keep(path: Path, key: str, answer: dict, drop: Optional[str]) -> Optional[str]:
+    """Write ``answer`` under ``key`` (and remove ``drop``) in the table at ``path``; None, or
+    why it could not."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        table = _read_table(path)
+        table[key] = answer
+        table.pop(drop, None)
+        temporary = path.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_text(json.dumps(table, indent=1))
+        temporary.replace(path)
+    except OSError as exc:
+        log.debug("cudashim: %s is not cached (%s)", key, exc)
+        return str(exc)
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_free_now() -> bool:
+    """Whether this process starts on a CPU of its own: asked once a process, for all its tables.
+    A probe is a moment: beside two busy loops on 2 CPUs, one start in four or five here found
+    a CPU free (the scheduler had put both loops on the other) and timed the tables again, which
+    the loops then held up; that answer is kept as provisional too."""
+    return timing.cpu_is_free()
 
 
 def _calibrated() -> Tuple[Dict[torch.dtype, bool], str]:

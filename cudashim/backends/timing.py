@@ -12,8 +12,9 @@ Linux counts, for each thread, the time it was runnable but not running (the sec
 ``/proc/self/task/TID/schedstat``). A turn whose threads waited for more than
 ``STALLED_ABOVE`` of its time is stalled and does not count; a measurement in which a call ran
 fewer than ``CLEAN_TURNS_TO_KEEP`` turns unstalled is contended: it serves the process that took
-it, and is not kept. Where the system does not say (another OS, a kernel without scheduler
-statistics), every turn counts, as before.
+it, and is kept as provisional (``cpu_speed``): later processes read it until one starts on a CPU
+it gets to itself (``cpu_is_free``) and times it again. Where the system does not say (another
+OS, a kernel without scheduler statistics), every turn counts, as before.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ STALLED_ABOVE = 0.05
 # to be kept.
 CLEAN_TURNS_TO_KEEP = 3
 WARM_UP_TURNS = 2
+# How long ``cpu_is_free`` asks for a CPU: longer than the scheduler's time slice (3 to 24 ms on
+# Linux), so that a process beside busy ones is seen waiting whatever its place in the queue.
+FREE_PROBE_SECONDS = 0.03
 # Named in the keys of the answers kept: one timed before stalled turns were told apart is timed
 # again.
 UNSTALLED = "stalled turns not counted"
@@ -51,6 +55,21 @@ def waited_ns() -> Optional[int]:
         except (OSError, ValueError, IndexError):       # a thread that ended since the listing
             continue
     return total if found else None
+
+
+def cpu_is_free(seconds: float = FREE_PROBE_SECONDS) -> bool:
+    """Whether this process gets a CPU of its own now: a busy loop of ``seconds`` whose threads
+    waited for one no longer than ``STALLED_ABOVE`` of its time. True where the system does not
+    say (every turn counts there, so no answer is provisional)."""
+    before = waited_ns()
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        pass
+    elapsed = time.perf_counter() - start
+    after = waited_ns()
+    if before is None or after is None:
+        return True
+    return after - before <= STALLED_ABOVE * elapsed * 1e9
 
 
 class Stopwatch:
