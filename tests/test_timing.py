@@ -46,14 +46,29 @@ def test_turns_whose_threads_waited_for_a_cpu_do_not_count():
     assert not stopwatch.contended               # four of seven turns ran unstalled
 
 
-def test_a_call_with_too_few_unstalled_turns_makes_the_measurement_contended():
+def test_a_stall_of_a_moment_costs_a_turn_more_not_the_measurement():
+    """A call short of clean turns takes more turns, as many as it still needs, while they
+    run unstalled: the measurement is kept."""
+    turns = 7
+    for clean in range(CLEAN_TURNS_TO_KEEP):
+        stalled = set(range(WARM_UP_TURNS + clean, WARM_UP_TURNS + turns))
+        scheduler = Scheduler(stalled)
+        stopwatch, (best,) = timed(scheduler, turns)
+        assert best >= 5.0 and not stopwatch.contended
+        assert scheduler.turn == WARM_UP_TURNS + turns + CLEAN_TURNS_TO_KEEP - clean
+
+
+def test_a_call_held_up_throughout_makes_the_measurement_contended_after_one_turn_more():
+    """Work that holds the CPU through the turns and the one after them: too few unstalled
+    turns, and no more turns spent on finding that out."""
     turns = 7
     clean = CLEAN_TURNS_TO_KEEP - 1
-    stalled = set(range(WARM_UP_TURNS + clean, WARM_UP_TURNS + turns))
-    stopwatch, (best,) = timed(Scheduler(stalled), turns)
+    for_ever = range(WARM_UP_TURNS + clean, WARM_UP_TURNS + 3 * turns)
+    scheduler = Scheduler(for_ever)
+    stopwatch, (best,) = timed(scheduler, turns)
     assert best >= 5.0 and stopwatch.contended and stopwatch.contended_calls == 1
-    every_turn = set(range(WARM_UP_TURNS + turns))
-    stopwatch, (best,) = timed(Scheduler(every_turn), turns)
+    assert scheduler.turn == WARM_UP_TURNS + turns + 1
+    stopwatch, (best,) = timed(Scheduler(range(3 * turns)), turns)
     assert best < 5.0 and stopwatch.contended    # nothing unstalled: the best of what there is
 
 
