@@ -1615,6 +1615,22 @@ def test_multi_head_attention_in_bfloat16_runs_op_by_op_on_packed_weights_with_i
     assert _counted("torch._native_multi_head_attention") == "float16 computed in bfloat16"
 
 
+def test_the_encoder_layers_probe_tells_a_program_nothing_of_its_own_nested_batch():
+    """The probe at a program's first float16 encoder layer makes a nested batch of its own;
+    torch's warning that nested tensors are a prototype (once a process) is not the program's,
+    which may never make one. A new interpreter: the warning is shown once a process."""
+    program = ("import warnings\n"
+               "warnings.simplefilter('always')\n"
+               "from cudashim.kernels import packed_encoder_layer, packed_linear\n"
+               "print(packed_linear.unavailable() is None, packed_encoder_layer.unavailable())\n")
+    result = python("-c", program, fresh=True)
+    assert result.returncode == 0, result.stderr
+    if result.stdout.split()[0] != "True":
+        pytest.skip("linear layers do not pack here: encoder layers are not probed")
+    assert result.stdout.split() == ["True", "None"]
+    assert "nested tensors" not in result.stderr and "Warning" not in result.stderr, result.stderr
+
+
 def test_an_encoder_layer_is_left_to_torchs_fused_call_where_op_by_op_cannot_take_it(speeds, monkeypatch):
     """A dense batch with a sequence padded whole (a query that attends to no key, which the fused
     call gives zeros) and a program that turned oneDNN off: torch's fused layer on bfloat16

@@ -18,6 +18,7 @@ in float32 throughout, and the feed-forward activation is applied before its pro
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Callable, NamedTuple, Optional
 
 import torch
@@ -43,7 +44,10 @@ def unavailable() -> Optional[str]:
         return reason
     numbers = torch.Generator().manual_seed(0)
     try:
-        with torch.no_grad():
+        # The probe's own nested batch is not the program's: torch's warning that nested tensors
+        # are a prototype (once a process) would tell a program that never made one.
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             for nested in (True, False):
                 agrees = _agrees_with_torch(numbers, nested)
                 if agrees is not None and not agrees:
