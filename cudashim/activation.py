@@ -6,7 +6,9 @@ and to the proxy ``torch.cuda``; nothing reaches for them through module globals
 idempotent and thread-safe. When torch is not imported yet it arms a post-import hook and
 patches the moment torch finishes importing, so it works before or after ``import torch``,
 and also from code that torch itself runs while it imports (a ``torch.backends`` entry
-point, a post-import hook of a module torch imports).
+point, a post-import hook of a module torch imports). While it waits, a stand-in library imported
+first (``import apex`` before ``import torch``) imports torch before it is looked up, and where
+cudashim's own module imported torch (``cudashim.kernels``), patching waits for that module.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import contextlib
 import dataclasses
 import gc
 import importlib
+import importlib.util
 import logging
 import os
 import sys
@@ -175,6 +178,7 @@ def activate(backend: str = None, *, settings=None, **options):
         _pending = chosen
         if torch is None:
             wrapt.register_post_import_hook(_on_torch_imported, "torch")
+            _stand_ins_waiting.arm(chosen)
             return None
     _when_torch_half_imported(torch)       # outside the lock: it may wait for another thread
     return current_backend()               # None while this thread is inside torch's import
@@ -278,8 +282,67 @@ def _after_return(frame, callback) -> None:
     sys.setprofile(profile)
 
 
-def _on_torch_imported(torch_module) -> None:
+def _cudashim_module_importing():
+    """The frame running the body of the outermost cudashim module that is importing now in this
+    thread (its body not yet returned), or None."""
+    outermost = None
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        if frame.f_code.co_name == "<module>" and name.startswith("cudashim.") and \
+                _initializing(sys.modules.get(name)):
+            outermost = frame
+        frame = frame.f_back
+    return outermost
+
+
+class _StandInsWaiting:
+    """While activation waits for torch: the import of a library cudashim serves a stand-in for
+    (flash_attn, xformers, apex, amp_C) imports torch first, so that activation, and the finder it
+    installs (``substitutes/finder.py``), are there to answer it. A program sorted by isort
+    imports ``apex`` and ``flash_attn`` before ``torch``, and each of them imports torch itself.
+    Not pynvml, which imports no torch (a monitoring tool would pay for it): one imported first
+    is decided when torch is (``SubstituteFinder.replace_imported``). A meta path finder that
+    finds nothing itself: it answers with what the finders answer once activation is there."""
+
+    def __init__(self):
+        self.names = frozenset()
+
+    def arm(self, settings) -> None:
+        from .substitutes import LIBRARIES
+        from .substitutes.finder import enabled_libraries
+        self.names = frozenset(module for name in enabled_libraries(settings) if LIBRARIES[name].imports_torch
+                               for module in LIBRARIES[name].modules)
+        if self.names and self not in sys.meta_path:
+            sys.meta_path.insert(0, self)
+
+    def disarm(self) -> None:
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in self.names or "torch" in sys.modules:
+            return None
+        self.disarm()
+        importlib.import_module("torch")             # activation happens as it returns
+        return importlib.util.find_spec(fullname)
+
+
+_stand_ins_waiting = _StandInsWaiting()
+
+
+def _on_torch_imported(torch_module, waited: bool = False) -> None:
     global _pending
+    _stand_ins_waiting.disarm()
+    importer = None if waited else _cudashim_module_importing()
+    if importer is not None:
+        # cudashim's own module imported torch (``from cudashim.kernels import packbits`` before
+        # ``import torch``), and activation imports from it: it waits for that module's body to
+        # return (the outermost such module's: none around it is importing then).
+        _after_return(importer, lambda: _on_torch_imported(torch_module, waited=True))
+        return
     with _lock:
         settings, _pending = _pending, None
         if settings is None or _current is not None:
@@ -340,6 +403,7 @@ def deactivate() -> None:
             _current.live = False
             _current.registry.revert_all()
         _current = _pending = None
+        _stand_ins_waiting.disarm()
 
 
 def is_active() -> bool:

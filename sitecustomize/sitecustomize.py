@@ -1,8 +1,9 @@
 """cudashim's start-up hook: put this folder on PYTHONPATH to shim every Python started.
 
 A Python that never imports torch pays next to nothing: when CUDASHIM_ACTIVATE=1 the hook
-only puts a finder on ``sys.meta_path`` that waits for the first lookup of ``torch``, and
-imports and activates cudashim then (most Pythons of an image are tools that never import
+only puts a finder on ``sys.meta_path`` that waits for the first lookup of ``torch`` (or of a
+library cudashim serves a stand-in for, which imports torch itself), and imports and activates
+cudashim then (most Pythons of an image are tools that never import
 torch, and importing cudashim costs tens of milliseconds). It first runs the next
 sitecustomize on sys.path (an image's own), and never breaks interpreter start-up or an
 import: any failure is a warning.
@@ -38,8 +39,14 @@ class _ActivateAtTorch:
     post-import hook) and answers with the spec the finders after it give, so that a finder
     the activation put first still sees this import."""
 
+    # torch, and the top-level names of the libraries cudashim serves stand-ins for that import
+    # torch themselves (cudashim/tables/libraries.py; a test keeps the two the same): a program
+    # sorted by isort imports apex and flash_attn before torch. Not read from cudashim: importing
+    # it costs tens of milliseconds, in every Python.
+    NAMES = frozenset(("torch", "flash_attn", "xformers", "apex", "amp_C"))
+
     def find_spec(self, fullname, path=None, target=None):
-        if fullname != "torch":
+        if fullname not in self.NAMES:
             return None
         try:
             sys.meta_path.remove(self)

@@ -66,6 +66,26 @@ def test_a_python_that_never_imports_torch_never_imports_cudashim():
     assert nested.returncode == 0 and nested.stdout.strip() == "True", nested.stderr
 
 
+def test_a_stand_in_library_imported_before_torch_is_served():
+    """An image's program sorted by isort imports ``flash_attn`` before ``torch``: the hook
+    activates at that lookup too (the stand-ins that import torch themselves; the hook's own list
+    is the library table's), and the stand-in answers."""
+    import ast
+    from pathlib import Path
+    from cudashim.tables.libraries import STAND_INS
+    hook = ast.parse((Path(__file__).parents[1] / "sitecustomize" / "sitecustomize.py").read_text())
+    names, = (ast.literal_eval(node.value.args[0]) for node in ast.walk(hook)
+              if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "NAMES")
+    assert set(names) == {"torch"} | {module for stand_in in STAND_INS.values() if stand_in.imports_torch
+                                      for module in stand_in.modules}
+    env = image_environment()
+    probe = ("import sys, flash_attn, torch; q = torch.randn(1, 4, 2, 8, device='cuda').half(); "
+             "print(flash_attn.flash_attn_func(q, q, q).is_cuda, 'cudashim' in flash_attn.__file__)")
+    result = python("-c", probe, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", "True"]
+
+
 def test_only_the_settings_given_are_pinned():
     """A default pinned in an image would stop it from following a newer cudashim's."""
     assert list(image_environment()) == ["PYTHONPATH", "CUDASHIM_ACTIVATE"]

@@ -94,6 +94,42 @@ def test_activation_before_torch_is_imported_waits_for_it():
     assert result.stdout.strip() == "cpu"
 
 
+def test_activation_before_torch_waits_for_cudashims_own_module_that_imports_it():
+    """``from cudashim.kernels import packbits`` before ``import torch``: the package imports torch
+    on its first line, and activation, which imports from it, waits for it to be whole."""
+    code = (
+        "import sys, cudashim, warnings\n"
+        "warnings.simplefilter('error')\n"
+        "assert cudashim.activate('cpu') is None and 'torch' not in sys.modules\n"
+        "from cudashim.kernels import packbits\n"
+        "import cudashim.kernels.packed_convolution\n"
+        "import torch\n"
+        "bits = torch.tensor([True, False, True] + [False] * 5).cuda()\n"
+        "print(cudashim.current_backend().name, torch.cuda.is_available(), packbits(bits).is_cuda)\n")
+    result = python("-c", code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["cpu", "True", "True"]
+
+
+def test_activation_before_torch_serves_the_stand_ins_a_program_imports_before_torch():
+    """isort puts ``apex`` and ``flash_attn`` before ``torch``: their import completes the
+    activation that waits for torch, so the stand-ins answer, as under ``python -m cudashim``."""
+    code = (
+        "import sys, cudashim\n"
+        "assert cudashim.activate('cpu') is None and 'torch' not in sys.modules\n"
+        "from apex.optimizers import FusedAdam\n"
+        "from flash_attn import flash_attn_func\n"
+        "import torch\n"
+        "q = torch.randn(1, 4, 2, 8, device='cuda', dtype=torch.float16)\n"
+        "weight = torch.nn.Parameter(torch.ones(3, device='cuda'))\n"
+        "FusedAdam([weight], lr=0.1).step() if weight.sum().backward() is None else None\n"
+        "print(flash_attn_func(q, q, q, causal=True).is_cuda, weight.is_cuda, bool((weight < 1).all()),\n"
+        "      sys.modules['flash_attn'].__file__.startswith(cudashim.__path__[0]))\n")
+    result = python("-c", code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", "True", "True", "True"]
+
+
 def test_importing_cudashim_imports_no_torch_and_cpu_imports_no_vendor_package():
     code = (
         "import sys, cudashim\n"

@@ -32,6 +32,9 @@ class StandIn(NamedTuple):
     # The first call a program makes, tried on the real package: (module, device) -> None,
     # raising where the real one cannot work on the target.
     probe: Optional[Callable] = None
+    # Whether the real package imports torch itself: then its import, before torch's, completes
+    # an activation waiting for torch (``activation._StandInsWaiting``), at no cost of its own.
+    imports_torch: bool = True
 
     @property
     def full_version(self) -> str:
@@ -118,7 +121,7 @@ LIBRARIES: Dict[str, Library] = {library.name: library for library in (
                 "pynvml", ("pynvml",), "nvidia-ml-py", "12.575.51",
                 "nvmlInit/Shutdown, device count, handles, name, UUID, memory, utilization, "
                 "temperature, power, driver and CUDA versions, running processes, answered by "
-                "the target", _pynvml)),
+                "the target", _pynvml, imports_torch=False)),
     Library("bitsandbytes", "bitsandbytes' quantization kernels",
             honest="loads its CUDA library when told CUDA is there; its CPU backend runs otherwise"),
     Library("triton", "the triton compiler", honest="compiles for the GPU it is told of"),
