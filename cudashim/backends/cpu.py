@@ -138,7 +138,8 @@ class CPUBackend(HostStreams, Backend):
     # --- memory: what the program put on the device -------------------------------------
     # The storages moved or made there, each counted until torch frees it (device_memory.py);
     # every virtual device is one pool of host memory, so each index answers for all of them.
-    # Nothing is cached: reserved memory is allocated memory.
+    # Reserved memory is allocated memory: the freed blocks malloc keeps (cudashim.host_memory)
+    # are the process's, not counted per device.
     def memory_allocated(self, index: Optional[int] = None) -> int:
         return self.device_memory.allocated
 
@@ -161,7 +162,8 @@ class CPUBackend(HostStreams, Backend):
         return info.get("MemAvailable", total), total
 
     def empty_cache(self) -> None:
-        pass
+        from .. import host_memory
+        host_memory.release()
 
     # --- dtypes and kernels -----------------------------------------------------------
     def autocast_dtypes(self):

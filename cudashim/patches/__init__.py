@@ -44,6 +44,7 @@ GROUPS: Tuple[str, ...] = (
     "version_gates",   # torch.version.cuda, torch.backends.cuda.is_built(): by who asks
     "device_objects",  # torch.device, Generator, set_default_device, get_device_module
     "residency",       # host-device moves are copies where device memory is host memory
+    "host_memory",     # freed host memory kept for the next tensors, as CUDA's caching allocator
     "factories",       # torch.zeros(..., device="cuda") and every other constructor
     "tensors",         # Tensor.to/cuda/is_cuda/new_*/pin_memory, storages
     "legacy_types",    # torch.cuda.FloatTensor as a value: Tensor.type, set_default_tensor_type
