@@ -82,52 +82,50 @@ def test_concurrent_activation_patches_once():
     cudashim.deactivate()
 
 
-def test_activation_before_torch_is_imported_waits_for_it():
-    code = (
-        "import sys, cudashim\n"
-        "assert cudashim.activate('cpu') is None and 'torch' not in sys.modules\n"
-        "import torch\n"
-        "assert torch.zeros(2, device='cuda').is_cuda\n"
-        "print(cudashim.current_backend().name)\n")
-    result = python("-c", code)
+def _activated_before_torch(*lines):
+    """What a program prints that activates cudashim before torch is imported, then runs ``lines``."""
+    code = "\n".join(("import sys, cudashim",
+                      "assert cudashim.activate('cpu') is None and 'torch' not in sys.modules", *lines))
+    result = python("-c", code + "\n")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "cpu"
+    return result.stdout.split()
+
+
+def test_activation_before_torch_is_imported_waits_for_it():
+    assert _activated_before_torch(
+        "import torch",
+        "assert torch.zeros(2, device='cuda').is_cuda",
+        "print(cudashim.current_backend().name)") == ["cpu"]
 
 
 def test_activation_before_torch_waits_for_cudashims_own_module_that_imports_it():
     """``from cudashim.kernels import packbits`` before ``import torch``: the package imports torch
     on its first line, and activation, which imports from it, waits for it to be whole."""
-    code = (
-        "import sys, cudashim, warnings\n"
-        "warnings.simplefilter('error')\n"
-        "assert cudashim.activate('cpu') is None and 'torch' not in sys.modules\n"
-        "from cudashim.kernels import packbits\n"
-        "import cudashim.kernels.packed_convolution\n"
-        "import torch\n"
-        "bits = torch.tensor([True, False, True] + [False] * 5).cuda()\n"
-        "print(cudashim.current_backend().name, torch.cuda.is_available(), packbits(bits).is_cuda)\n")
-    result = python("-c", code)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["cpu", "True", "True"]
+    assert _activated_before_torch(
+        "import warnings",
+        "warnings.simplefilter('error')",
+        "from cudashim.kernels import packbits",
+        "import cudashim.kernels.packed_convolution",
+        "import torch",
+        "bits = torch.tensor([True, False, True] + [False] * 5).cuda()",
+        "print(cudashim.current_backend().name, torch.cuda.is_available(), packbits(bits).is_cuda)",
+    ) == ["cpu", "True", "True"]
 
 
 def test_activation_before_torch_serves_the_stand_ins_a_program_imports_before_torch():
     """isort puts ``apex`` and ``flash_attn`` before ``torch``: their import completes the
     activation that waits for torch, so the stand-ins answer, as under ``python -m cudashim``."""
-    code = (
-        "import sys, cudashim\n"
-        "assert cudashim.activate('cpu') is None and 'torch' not in sys.modules\n"
-        "from apex.optimizers import FusedAdam\n"
-        "from flash_attn import flash_attn_func\n"
-        "import torch\n"
-        "q = torch.randn(1, 4, 2, 8, device='cuda', dtype=torch.float16)\n"
-        "weight = torch.nn.Parameter(torch.ones(3, device='cuda'))\n"
-        "FusedAdam([weight], lr=0.1).step() if weight.sum().backward() is None else None\n"
-        "print(flash_attn_func(q, q, q, causal=True).is_cuda, weight.is_cuda, bool((weight < 1).all()),\n"
-        "      sys.modules['flash_attn'].__file__.startswith(cudashim.__path__[0]))\n")
-    result = python("-c", code)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["True", "True", "True", "True"]
+    assert _activated_before_torch(
+        "from apex.optimizers import FusedAdam",
+        "from flash_attn import flash_attn_func",
+        "import torch",
+        "q = torch.randn(1, 4, 2, 8, device='cuda', dtype=torch.float16)",
+        "weight = torch.nn.Parameter(torch.ones(3, device='cuda'))",
+        "weight.sum().backward()",
+        "FusedAdam([weight], lr=0.1).step()",
+        "print(flash_attn_func(q, q, q, causal=True).is_cuda, weight.is_cuda, bool((weight < 1).all()),",
+        "      sys.modules['flash_attn'].__file__.startswith(cudashim.__path__[0]))",
+    ) == ["True", "True", "True", "True"]
 
 
 def test_importing_cudashim_imports_no_torch_and_cpu_imports_no_vendor_package():
