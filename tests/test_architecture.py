@@ -14,7 +14,7 @@ FLOORS = (
     ("tables and primitives", {"tables", "errors", "cuda_build", "legacy_types", "registry", "report",
                                "callers", "plugins", "job_layout", "torch_names", "torch_range"}),
     ("backends", {"backends", "kernels", "parallel", "graphs", "testdevice", "translation", "precision",
-                  "residency", "device_memory"}),
+                  "residency", "device_memory", "host_memory"}),
     ("patch groups", {"patching", "proxy", "substitutes", "patches"}),
     ("activation", {"_settings", "activation", "autograd_exit", "speedups", "__init__"}),
     ("commands", {"cli", "doctor", "launcher", "auto", "__main__", "scan"}),
