@@ -77,7 +77,7 @@ def test_a_disabled_group_patches_nothing_and_the_others_still_work(how, monkeyp
 
 
 def test_an_unknown_group_name_lists_the_valid_ones():
-    with pytest.raises(ValueError, match="unknown patch group.s. teapot; valid: torchscript, environment, frameworks, version_gates, device_objects, residency, factories, tensors, legacy_types, modules, torch_accelerator, amp"):
+    with pytest.raises(ValueError, match="unknown patch group.s. teapot; valid: torchscript, environment, frameworks, version_gates, device_objects, residency, host_memory, factories, tensors, legacy_types, modules, torch_accelerator, amp"):
         _settings.load({"CUDASHIM_DISABLE": "amp,teapot"})
     assert _settings.load({}, disable=["amp"]).to_environ()["CUDASHIM_DISABLE"] == "amp"
 
