@@ -12,13 +12,13 @@ Linux counts, for each thread, the time it was runnable but not running (the sec
 ``/proc/self/task/TID/schedstat``). A turn whose threads waited for more than
 ``STALLED_ABOVE`` of its time is stalled and does not count. A call that ran fewer than
 ``CLEAN_TURNS_TO_KEEP`` turns unstalled takes more, for as long as they run unstalled: a stall
-of a moment costs a turn. (On an idle 2-core EPYC virtual machine, nine timings of the float16
-op table out of nine had a turn that waited for a CPU, once 3.5 ms of a 25 ms turn: each was
-kept as provisional, and every program after them timed the table again.) A measurement in which a call still has too few is contended:
-it serves the process that took it, and is kept as provisional (``cpu_speed``): later processes
-read it until one starts on a CPU it gets to itself (``cpu_is_free``) and times it again. Where
-the system does not say (another OS, a kernel without scheduler statistics), every turn counts,
-as before.
+of a moment costs a turn. (On an idle 2-core EPYC virtual machine, ten timings of the float16
+op table out of ten had a turn that waited for a CPU, once 3.5 ms of a 25 ms turn: each was
+kept as provisional, and every program after them timed the table again.) A measurement in
+which a call still has too few is contended: it serves the process that took it, and is kept
+as provisional (``cpu_speed``): later processes read it until one starts on a CPU it gets to
+itself (``cpu_is_free``) and times it again. Where the system does not say (another OS, a
+kernel without scheduler statistics), every turn counts, as before.
 """
 
 from __future__ import annotations
