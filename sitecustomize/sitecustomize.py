@@ -3,10 +3,9 @@
 A Python that never imports torch pays next to nothing: when CUDASHIM_ACTIVATE=1 the hook
 only puts a finder on ``sys.meta_path`` that waits for the first lookup of ``torch`` (or of a
 library cudashim serves a stand-in for, which imports torch itself), and imports and activates
-cudashim then (most Pythons of an image are tools that never import
-torch, and importing cudashim costs tens of milliseconds). It first runs the next
-sitecustomize on sys.path (an image's own), and never breaks interpreter start-up or an
-import: any failure is a warning.
+cudashim then (most Pythons of an image are tools that never import torch, and importing
+cudashim costs tens of milliseconds). It first runs the next sitecustomize on sys.path (an
+image's own), and never breaks interpreter start-up or an import: any failure is a warning.
 """
 
 import os
