@@ -703,7 +703,22 @@ def _convolutions_counted(monkeypatch, transposed=False):
         return convolution(*args, **kwargs)
     monkeypatch.setattr(packed_convolution, pack_name, packing)
     monkeypatch.setattr(packed_convolution, convolution_name, computing)
+    _packed_timed_faster(monkeypatch)
     return counts
+
+
+def _packed_timed_faster(monkeypatch, packed_ms=1.0, plain_ms=2.0):
+    """Each kind of convolution timed at its first call as running in ``packed_ms`` on its packed
+    weight and ``plain_ms`` as torch's own on plain copies, the forms not called again to be timed.
+    Returns the kinds timed, in order."""
+    from cudashim.patches import precision
+    timed = []
+
+    def stopwatch():
+        timed.append(None)
+        return TimedAs(lambda *calls, turns: [packed_ms, plain_ms])
+    monkeypatch.setattr(precision._PACKED_OR_PLAIN, "stopwatch", stopwatch)
+    return timed
 
 
 def _layer_in_bfloat16(layer, x):
@@ -880,6 +895,82 @@ def test_a_conv_transpose2d_layer_in_bfloat16_packs_its_weight_and_lays_out_its_
     assert counts.results_at[:3] == [([1, 1], [0, 0], [2, 2], [1, 1], 1), ([1, 1], [0, 0], [1, 1], [2, 2], 3),
                                      ([1, 1], [1, 1], [2, 2], [1, 1], 1)]
     assert _counted("torch.nn.functional.conv_transpose2d") == "float16 computed in bfloat16"
+
+
+@pytest.mark.parametrize("faster", ["packed", "plain"])
+def test_each_kind_of_convolution_runs_in_the_form_timed_faster_at_its_first_call(speeds, monkeypatch, faster):
+    """A float16 convolution computed in bfloat16 is timed at the first call of its kind (the
+    layer's sizes and arguments, the input's layout, its positions to the power of two) on its
+    packed weight and as torch's own on plain copies: each later call of the kind, another layer's
+    too, takes the faster form untimed, and only the copies that form reads are kept. Another
+    class of input sizes, and a transposed convolution, are kinds of their own. The values are
+    torch's bfloat16 convolution's either way; deactivation forgets the choices."""
+    import gc
+    from cudashim.patches import precision
+    from cudashim.patches.precision import WideningCache
+    counts = _convolutions_counted(monkeypatch)
+    timed = _packed_timed_faster(monkeypatch, *((1.0, 2.0) if faster == "packed" else (2.0, 1.0)))
+    torch.manual_seed(7)
+    layer, twin = (torch.nn.Conv2d(6, 8, 3, padding=1).half().eval() for _ in range(2))
+    upsampling = torch.nn.ConvTranspose2d(6, 8, 4, stride=2, padding=1).half().eval()
+    x, alike, wider = torch.randn(2, 6, 11, 9).half(), torch.randn(2, 6, 12, 8).half(), torch.randn(8, 6, 11, 9).half()
+    by_hand = {name: _layer_in_bfloat16(module, given) for name, module, given in (
+        ("x", layer, x), ("alike", layer, alike), ("twin", twin, x), ("wider", layer, wider),
+        ("upsampling", upsampling, x))}
+    _bfloat16_products(speeds)
+    packed_calls = 1 if faster == "packed" else 0
+    with torch.no_grad():
+        _close_to_bfloat16s(layer(x), by_hand["x"])
+        assert len(timed) == 1 and counts["computed"] == 1        # the packed form's first call
+        for _ in range(2):
+            _close_to_bfloat16s(layer(x), by_hand["x"])
+        _close_to_bfloat16s(layer(alike), by_hand["alike"])       # 96 positions as 99: one class
+        _close_to_bfloat16s(twin(x), by_hand["twin"])
+        assert len(timed) == 1 and counts["computed"] == 1 + 4 * packed_calls
+        cache = next(found for found in gc.get_objects() if isinstance(found, WideningCache))
+        for parameter in (layer.weight, layer.bias, twin.weight, twin.bias):
+            key = (id(parameter), BF16)
+            assert (key in cache.packed_convolutions.copies) == (faster == "packed")
+            assert (key in cache.copies) == (faster == "plain")
+        _close_to_bfloat16s(layer(wider), by_hand["wider"])       # 792 positions: a class of its own
+        _close_to_bfloat16s(upsampling(x), by_hand["upsampling"])
+        assert len(timed) == 3
+        assert [kind[0] for kind in precision._PACKED_OR_PLAIN.chosen] == \
+            ["convolution", "convolution", "transposed convolution"]
+        assert set(precision._PACKED_OR_PLAIN.chosen.values()) == {0 if faster == "packed" else 1}
+    import cudashim
+    cudashim.deactivate()
+    assert not precision._PACKED_OR_PLAIN.chosen
+
+
+def test_a_convolution_slower_on_its_packed_weight_is_timed_so_and_runs_on_plain_copies(speeds, monkeypatch,
+                                                                                      cpu_of_its_own):
+    """Timed for real: a packed form that takes 200 ms a call loses to torch's own convolution of
+    a small input, whatever else the machine runs, and is not called again."""
+    import time
+    from cudashim.backends import timing
+    from cudashim.kernels import packed_convolution
+    from cudashim.patches import precision
+    counts = _convolutions_counted(monkeypatch)
+    computing = packed_convolution.convolution
+
+    def slowly(*args, **kwargs):
+        time.sleep(0.2)
+        return computing(*args, **kwargs)
+    monkeypatch.setattr(packed_convolution, "convolution", slowly)
+    monkeypatch.setattr(precision._PACKED_OR_PLAIN, "stopwatch", timing.Stopwatch)
+    torch.manual_seed(8)
+    layer = torch.nn.Conv2d(4, 4, 3, padding=1).half().eval()
+    x = torch.randn(1, 4, 6, 6).half()
+    _bfloat16_products(speeds)
+    with torch.no_grad():
+        _close_to_bfloat16s(layer(x), _layer_in_bfloat16(layer, x))
+        computed = counts["computed"]
+        assert computed >= 4                         # set up, then timed in turns
+        _close_to_bfloat16s(layer(x), _layer_in_bfloat16(layer, x))
+    assert counts["computed"] == computed
+    (packed_ms, plain_ms), = precision._PACKED_OR_PLAIN.timings.values()
+    assert packed_ms >= 200 > plain_ms
 
 
 def test_a_conv2d_is_left_to_torch_where_packing_cannot_take_it(speeds, monkeypatch):

@@ -105,3 +105,58 @@ def test_a_call_timed_beside_a_busy_process_on_its_cpu_is_contended():
     if not counted:                    # a kernel that shows the files but keeps them at zero
         pytest.skip("this kernel's schedstat did not count 30 s of sharing a CPU")
     assert stopwatch.contended and not free
+
+
+class Turns:
+    """A stopwatch whose turns answer the milliseconds a test gives, each call taking two turns."""
+    contended = False
+
+    def __init__(self, *milliseconds):
+        self.milliseconds = list(milliseconds)
+
+    def best_of_turns(self, *calls, turns):
+        for _ in range(2):
+            for call in calls:
+                call()
+        return self.milliseconds
+
+
+@pytest.mark.parametrize("first_ms, second_ms, chosen", [
+    (2.0, 1.0, 1),          # the second twice as fast
+    (1.0, 2.0, 0),
+    (1.0, 0.96, 0),         # within the margin: the first form stays
+    (1.0, 0.94, 1),
+])
+def test_the_form_timed_faster_is_kept_for_its_kind_and_its_result_returned(first_ms, second_ms, chosen):
+    """The faster form's index is kept under the kind's key and told once; the result returned is
+    the chosen form's, from its last call; the first form stays unless the second wins by more
+    than the margin."""
+    forms = timing.FasterAtFirstCall(margin=0.05)
+    forms.stopwatch = lambda: Turns(first_ms, second_ms)
+    calls, told = [0, 0], []
+
+    def form(index):
+        def call():
+            calls[index] += 1
+            return (index, calls[index])
+        return call
+    result = forms.timed("kind", form(0), form(1), told.append)
+    assert calls == [3, 3]                       # one call each to set up, two turns each
+    assert result == (chosen, 3) and told == [chosen]
+    assert forms.chosen == {"kind": chosen} and forms.timings == {"kind": (first_ms, second_ms)}
+    forms.clear()
+    assert not forms.chosen and not forms.timings
+
+
+@pytest.mark.parametrize("unable", [0, 1])
+def test_a_form_that_cannot_compute_the_call_leaves_it_to_the_other_and_nothing_is_kept(unable):
+    """A form answering NotImplemented (a weight the budget cannot keep packed) is not timed: the
+    other's result is returned, and the next call of the kind is timed again."""
+    forms = timing.FasterAtFirstCall()
+    forms.stopwatch = lambda: pytest.fail("nothing is timed")
+    told = []
+    answers = ["first", "second"]
+    answers[unable] = NotImplemented
+    assert forms.timed("kind", lambda: answers[0], lambda: answers[1], told.append) == answers[1 - unable]
+    assert not forms.chosen and not told
+    assert forms.timed("kind", lambda: NotImplemented, lambda: NotImplemented) is NotImplemented

@@ -137,3 +137,47 @@ class Stopwatch:
         self.contended_calls += sum(1 for count in clean_turns if count < needed)
         return [(clean if count else fallback) * 1e3
                 for clean, fallback, count in zip(clean_best, any_best, clean_turns)]
+
+
+class FasterAtFirstCall:
+    """Which of two ways of computing a kind of call runs faster on this CPU, timed at the first
+    call of each kind and kept for the process, as cuDNN's benchmark mode times its algorithms at
+    the first call of each shape.
+
+    A kind is whatever key the caller gives (a layer's sizes and a class of input sizes). The
+    first form is the one kept where the second is not faster by more than ``margin``: the
+    measurement decides only what it tells apart. A measurement on a CPU other work holds
+    throughout still decides, so that a program started beside busy ones does not time every
+    call (``Stopwatch`` gives the best of the turns it had)."""
+
+    def __init__(self, turns: int = 3, margin: float = 0.05):
+        self.turns = turns
+        self.margin = margin
+        self.stopwatch = Stopwatch          # a test gives one whose turns answer what it says
+        self.chosen = {}                    # key -> 0 or 1, the form each kind of call takes
+        self.timings = {}                   # key -> (first ms, second ms), as measured
+
+    def timed(self, key, first: Callable[[], object], second: Callable[[], object],
+              chosen: Callable[[int], None] = lambda index: None):
+        """The call computed by ``first`` and by ``second`` (each answering NotImplemented where
+        it cannot compute it), both timed, the faster one's index kept under ``key`` and told to
+        ``chosen``, and its result returned. Where either cannot compute the call, nothing is
+        kept: the result is the other's (NotImplemented where neither could)."""
+        results = [first(), second()]                 # each form's first call sets it up
+        if NotImplemented in results:
+            return results[0] if results[1] is NotImplemented else results[1]
+
+        def keeping(index, form):
+            def call():
+                results[index] = form()
+            return call
+        times = self.stopwatch().best_of_turns(keeping(0, first), keeping(1, second), turns=self.turns)
+        index = 1 if times[1] < times[0] * (1 - self.margin) else 0
+        self.timings[key] = tuple(times)
+        self.chosen[key] = index
+        chosen(index)
+        return results[index]
+
+    def clear(self):
+        self.chosen.clear()
+        self.timings.clear()

@@ -54,6 +54,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import torch_names
+from ..backends import timing
 from ..kernels import native, packed_convolution, packed_encoder_layer, packed_linear
 from ..kernels.out_tensors import written_to
 from ..patching.rewriter import compiled_twin
@@ -138,6 +139,7 @@ def install(activation):
         cache = WideningCache()
         activation.registry.add_undo("float16 weights kept in float32", cache.clear)
         activation.registry.add_undo("float16 conversion buffers", _SCRATCH.clear)
+        activation.registry.add_undo("convolutions' forms timed", _PACKED_OR_PLAIN.clear)
         # An optimizer may write parameters in ways no version counter sees (master weights
         # copied back into float16 ones through ``.data``, fused kernels writing in place):
         # every step drops every copy, and so does every read of a parameter's ``.data``.
@@ -337,6 +339,16 @@ class WideningCache:
         if kept is not None:
             self.held -= kept[3].numel() * kept[3].element_size()
 
+    def keep_copies_of_one_form(self, parameters, packed):
+        """Of ``parameters``' bfloat16 copies (a convolution's weight and bias, None for none),
+        only those a packed convolution reads (``packed``), or only the plain ones."""
+        dropped = self.copies if packed else self.packed_convolutions.copies
+        for parameter in parameters:
+            if parameter is not None:
+                self._forget((id(parameter), torch.bfloat16), dropped)
+                if not packed:
+                    self.packed_convolutions.arguments.pop((id(parameter), torch.bfloat16), None)
+
     def clear(self):
         for copies in self._all_copies():
             copies.clear()
@@ -451,7 +463,7 @@ def by_policy(api, first, device_type, cache, count, regions, policy, rows_of, c
         count(reported, _BECAME[choice])
         if not (torch.is_grad_enabled() and _recording(tensors)):
             if on_packed is not None and dtype is torch.bfloat16:
-                result = on_packed(at_once, cache, args, kwargs)
+                result = on_packed(computed, at_once, cache, args, kwargs)
                 if result is not NotImplemented:
                     return result
             result = at_once(computed, dtype, cache, args, kwargs)
@@ -595,8 +607,9 @@ _PACKED_FORMS = {
 
 def _on_packed_weight_of(owner, name):
     """How a float16 call of ``owner.name`` is computed in bfloat16 on its weight kept packed
-    for oneDNN: ``(at_once, cache, args, kwargs) -> result``, NotImplemented where it is not;
-    None for a function that has no such form."""
+    for oneDNN: ``(original, at_once, cache, args, kwargs) -> result``, NotImplemented where it
+    is not (``original``, torch's own function, is what a convolution's packed form is timed
+    against); None for a function that has no such form."""
     form = _PACKED_FORMS.get((owner, name))
     if form is not None:
         return functools.partial(_on_packed_weight, form)
@@ -607,7 +620,7 @@ def _on_packed_weight_of(owner, name):
     return _on_packed_convolution if (owner, name) in _PACKED_CONVOLUTIONS else None
 
 
-def _on_packed_weight(form, at_once, cache, args, kwargs):
+def _on_packed_weight(form, original, at_once, cache, args, kwargs):
     """A float16 call of ``form`` computed in bfloat16 on its weight packed for oneDNN and kept
     (``WideningCache.packed_weight``: torch's bfloat16 linear without reordering the weight at
     every call), rounded to float16 once, in one frame where ``at_once`` takes it. NotImplemented,
@@ -684,7 +697,7 @@ def _convolution_arguments(args, kwargs):
     return x, weight, given.get("bias"), padding, stride, dilation, groups
 
 
-def _on_packed_convolution(at_once, cache, args, kwargs):
+def _on_packed_convolution(original, at_once, cache, args, kwargs):
     """A float16 ``conv2d``, ``conv3d`` or ``conv1d`` computed in bfloat16 on its weight packed for
     oneDNN's channels-last kernels and kept (``WideningCache.packed_convolution_weight``), the input
     converted and laid out channels-last in one pass, the result converted back in the layout CUDA
@@ -718,14 +731,19 @@ def _on_packed_convolution(at_once, cache, args, kwargs):
     if input_layout is None or weight_layout is None or not usable() \
             or torch.compiler.is_compiling() or torch.jit.is_tracing():
         return NotImplemented
-    packed = cache.packed_convolution_weight(weight, (padding, stride, dilation, groups), list(x.shape))
-    if packed is None:
-        return NotImplemented
-    if bias is not None:
-        bias = cache.widen(bias, torch.bfloat16, copies=cache.packed_convolutions.copies)
-    return _on_scratch(x, lambda borrowed: packed_convolution.convolution(
-        x, packed, bias, padding, stride, dilation, groups, not one_dimensional and (input_layout or weight_layout),
-        borrowed, squeezed=one_dimensional))
+
+    def on_packed_weight():
+        packed = cache.packed_convolution_weight(weight, (padding, stride, dilation, groups), list(x.shape))
+        if packed is None:
+            return NotImplemented
+        wide_bias = None if bias is None \
+            else cache.widen(bias, torch.bfloat16, copies=cache.packed_convolutions.copies)
+        return _on_scratch(x, lambda borrowed: packed_convolution.convolution(
+            x, packed, wide_bias, padding, stride, dilation, groups,
+            not one_dimensional and (input_layout or weight_layout), borrowed, squeezed=one_dimensional))
+    kind = ("convolution", tuple(weight.shape), tuple(padding), tuple(stride), tuple(dilation), groups,
+            input_layout, weight_layout, _size_class(x))
+    return _on_the_faster_form(kind, on_packed_weight, (weight, bias), original, at_once, cache, args, kwargs)
 
 
 def _on_scratch(x, compute):
@@ -779,7 +797,7 @@ def _transposed_convolution_arguments(args, kwargs):
     return x, weight, given.get("bias"), padding, output_padding, stride, dilation, groups
 
 
-def _on_packed_transposed_convolution(at_once, cache, args, kwargs):
+def _on_packed_transposed_convolution(original, at_once, cache, args, kwargs):
     """A float16 ``conv_transpose2d`` computed in bfloat16 on its weight packed for oneDNN's
     channels-last kernels and kept, as ``_on_packed_convolution`` computes a ``conv2d``
     (``kernels.packed_convolution.convolution_transposed``). NotImplemented, with nothing
@@ -798,15 +816,52 @@ def _on_packed_transposed_convolution(at_once, cache, args, kwargs):
     if input_layout is None or weight_layout is None or not packed_convolution.transposed_usable() \
             or torch.compiler.is_compiling() or torch.jit.is_tracing():
         return NotImplemented
-    packed = cache.packed_convolution_weight(weight, (padding, output_padding, stride, dilation, groups),
-                                             list(x.shape), packed_convolution.pack_transposed)
-    if packed is None:
-        return NotImplemented
-    if bias is not None:
-        bias = cache.widen(bias, torch.bfloat16, copies=cache.packed_convolutions.copies)
-    return _on_scratch(x, lambda borrowed: packed_convolution.convolution_transposed(
-        x, packed, bias, padding, output_padding, stride, dilation, groups, input_layout or weight_layout,
-        borrowed))
+
+    def on_packed_weight():
+        packed = cache.packed_convolution_weight(weight, (padding, output_padding, stride, dilation, groups),
+                                                 list(x.shape), packed_convolution.pack_transposed)
+        if packed is None:
+            return NotImplemented
+        wide_bias = None if bias is None \
+            else cache.widen(bias, torch.bfloat16, copies=cache.packed_convolutions.copies)
+        return _on_scratch(x, lambda borrowed: packed_convolution.convolution_transposed(
+            x, packed, wide_bias, padding, output_padding, stride, dilation, groups, input_layout or weight_layout,
+            borrowed))
+    kind = ("transposed convolution", tuple(weight.shape), tuple(padding), tuple(output_padding), tuple(stride),
+            tuple(dilation), groups, input_layout, weight_layout, _size_class(x))
+    return _on_the_faster_form(kind, on_packed_weight, (weight, bias), original, at_once, cache, args, kwargs)
+
+
+# Which convolutions run faster on packed weights than as torch's own bfloat16 convolution on
+# plain copies, by kind, timed at each kind's first call. On an AVX512-BF16 EPYC without AMX,
+# in one float16 convnet, packed over plain: a 3-channel stem 1.30-1.44, 32 -> 64 channels 0.86-0.90,
+# the deeper layers 0.93-1.06; a ViT's 16 x 16 patch embedding 1.93. Packing was adopted on a Xeon
+# with AMX-BF16, where the whole convnet ran 0.98x its bfloat16 port packed, 1.12x plain.
+_PACKED_OR_PLAIN = timing.FasterAtFirstCall()
+
+
+def _size_class(x) -> int:
+    """The class of input sizes a convolution's choice is timed for: its positions over the batch,
+    to the power of two (a program whose sizes vary, variable-length audio, detection at many
+    image sizes, times a few classes, not every size)."""
+    return (x.numel() // x.shape[1]).bit_length()
+
+
+def _on_the_faster_form(kind, on_packed_weight, parameters, original, at_once, cache, args, kwargs):
+    """``on_packed_weight()`` where this kind of convolution runs faster on its packed weight, else
+    NotImplemented (the general path's torch's own bfloat16 convolution on plain copies), as
+    timed at the kind's first call (``_PACKED_OR_PLAIN``); once chosen, only the copies the
+    chosen form reads of ``parameters`` (weight and bias) are kept."""
+    chosen = _PACKED_OR_PLAIN.chosen.get(kind)
+    if chosen is not None:
+        return on_packed_weight() if chosen == 0 else NotImplemented
+
+    def on_plain_copies():
+        result = at_once(original, torch.bfloat16, cache, args, kwargs)
+        return _computed_and_rounded(original, torch.bfloat16, cache, args, kwargs) \
+            if result is NotImplemented else result
+    return _PACKED_OR_PLAIN.timed(kind, on_packed_weight, on_plain_copies,
+                                  lambda index: cache.keep_copies_of_one_form(parameters, packed=index == 0))
 
 
 _ENCODER_LAYER_PARAMETERS = (
@@ -860,7 +915,7 @@ def _packed_layer(cache, batch, width, heads, weights, vectors, mask, mask_type)
     return tokens, converted(tokens.matrix, torch.bfloat16), packed, kept, attends
 
 
-def _on_packed_encoder_layer(at_once, cache, args, kwargs):
+def _on_packed_encoder_layer(original, at_once, cache, args, kwargs):
     """A float16 ``torch._transformer_encoder_layer_fwd`` (nn.TransformerEncoderLayer's fused
     inference path) computed in bfloat16 op by op, its four products on their weights packed for
     oneDNN and kept, a nested batch's tokens as one matrix (``kernels.packed_encoder_layer``), its
@@ -888,7 +943,7 @@ def _on_packed_encoder_layer(at_once, cache, args, kwargs):
     return tokens.rebuilt(_to_half(result, frozenset()))     # a result of its own: rounded where it lies
 
 
-def _on_packed_attention(at_once, cache, args, kwargs):
+def _on_packed_attention(original, at_once, cache, args, kwargs):
     """A float16 ``torch._native_multi_head_attention`` (nn.MultiheadAttention's fused inference
     path, self-attention) computed in bfloat16 op by op as an encoder layer's attention is
     (``_on_packed_encoder_layer``), with the attention weights where it is asked for them (averaged
