@@ -973,6 +973,51 @@ def test_a_convolution_slower_on_its_packed_weight_is_timed_so_and_runs_on_plain
     assert packed_ms >= 200 > plain_ms
 
 
+@pytest.mark.parametrize("warmed_up", [True, False])
+def test_float16_calls_a_cuda_graph_captured_replay_what_they_compute_on_the_replays_values(speeds, warmed_up):
+    """A float16 model captured in a CUDA graph, warmed up first as torch's documentation asks or
+    not, replays what its calls compute on the values the replay finds: a new batch copied into the
+    static input, and weights loaded in place between replays (``load_state_dict``), through a
+    conv2d, a linear layer, ``torch.matmul``, an in-place ``addmm_`` and an ``mm`` into ``out=``,
+    computed in bfloat16, and a group norm the host times faster in float32. A replay runs only the ops recorded: the policy's compiled conversions,
+    kept copies and lent buffers stay out of the capture."""
+    from cudashim.precision import BFLOAT16, FLOAT32, MatmulChoices
+    torch.manual_seed(9)
+    conv = torch.nn.Conv2d(4, 6, 3, padding=1).half().eval()
+    norm = torch.nn.GroupNorm(2, 6).half().eval()
+    linear = torch.nn.Linear(6 * 8 * 8, 16).half().eval()
+    other = torch.randn(16, 16).half()
+    accumulated = torch.randn(2, 16).half()
+    speeds(FAST_BF16, matmuls=MatmulChoices(BFLOAT16, BFLOAT16, 4, "test"), ops={"group_norm": _timed(FLOAT32)})
+    conv.cuda(), norm.cuda(), linear.cuda()
+    x, other, accumulated = torch.randn(2, 4, 8, 8).half().cuda(), other.cuda(), accumulated.cuda()
+    out = torch.empty(2, 16, dtype=HALF, device="cuda")
+
+    def step():
+        features = linear(norm(conv(x)).flatten(1))
+        mixed = torch.matmul(features, other)
+        added = accumulated.clone().addmm_(features, other)
+        torch.mm(mixed, other, out=out)
+        return features, mixed, added
+
+    with torch.no_grad():
+        if warmed_up:
+            step()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = step()
+        x.copy_(torch.randn(2, 4, 8, 8).half())
+        for module in (conv, norm, linear):
+            module.load_state_dict({name: value.mul(0.5) for name, value in module.state_dict().items()})
+        graph.replay()
+        replayed = [value.clone() for value in (*captured, out)]
+        expected = step()
+        expected = [*(value.clone() for value in expected), out.clone()]
+    for ours, eager in zip(replayed, expected):
+        assert ours.dtype == HALF
+        torch.testing.assert_close(ours.float(), eager.float(), rtol=2 ** -6, atol=2 ** -5)
+
+
 def test_a_conv2d_is_left_to_torch_where_packing_cannot_take_it(speeds, monkeypatch):
     """Training records a gradient through the weight; padding "same" that torch pads unevenly
     (an even kernel), an input laid out neither way, a weight that is no parameter, an unbatched

@@ -55,6 +55,7 @@ import torch.nn.functional as F
 
 from .. import torch_names
 from ..backends import timing
+from ..graphs import graph
 from ..kernels import native, packed_convolution, packed_encoder_layer, packed_linear
 from ..kernels.out_tensors import written_to
 from ..patching.rewriter import compiled_twin
@@ -454,6 +455,9 @@ def by_policy(api, first, device_type, cache, count, regions, policy, rows_of, c
             choice = FLOAT32
         dtype = torch.bfloat16 if choice == BFLOAT16 else torch.float32
         computed = plain if plain is not None and dtype is torch.float32 else original
+        if graph.capturing_here():
+            count(reported, _BECAME[choice])
+            return _computed_as_captured(computed, dtype, args, kwargs, in_place)
         if in_place:
             count(reported, _BECAME[choice])
             return _written_in_place(computed, dtype, cache, args, kwargs)
@@ -1023,6 +1027,32 @@ def _written_to_out(function, dtype, cache, args, kwargs, count, reported, choic
     return _rounded_into(out, result)
 
 
+def _computed_as_captured(original, dtype, args, kwargs, in_place):
+    """``original`` computed in ``dtype`` and rounded to float16, every step a torch op, for a
+    call a CUDA graph's capture records (``graphs.recording``): a replay runs only the ops
+    recorded, so the compiled conversions (which are no ops), kept copies of weights (a weight
+    written between replays would not reach them) and kept buffers (lent to other calls between
+    replays) are left out. Operands are converted at every replay. ``in_place``: ``original`` is
+    a Tensor method writing into the tensor it is called on."""
+    def wide(value):
+        if isinstance(value, torch.Tensor):
+            return value.to(dtype) if value.dtype is HALF else value
+        if isinstance(value, (list, tuple)):
+            return type(value)(wide(item) for item in value)
+        return value
+    out = kwargs.get("out")
+    result = original(*[wide(value) for value in args],
+                      **{name: wide(value) for name, value in kwargs.items() if name != "out"})
+    if in_place:
+        return args[0].copy_(result)
+    if isinstance(out, torch.Tensor):
+        return out.copy_(result) if out.shape == result.shape else written_to(out, result.to(out.dtype))
+    if isinstance(result, tuple):
+        return tuple(item.to(HALF) if isinstance(item, torch.Tensor) and item.dtype is dtype else item
+                     for item in result)
+    return result.to(HALF) if isinstance(result, torch.Tensor) and result.dtype is dtype else result
+
+
 def _rounded_into(target, wide):
     """``wide`` rounded into ``target`` (of its sizes) once: in one compiled pass where both are
     laid out alike and no gradient is recorded through ``target``."""
@@ -1051,6 +1081,8 @@ def by_measurement(api, device_type, cache, count, compiled, original, *, at_onc
         if torch.is_autocast_enabled(device_type) or kwargs.get("dtype") is not None \
                 or any(value.__class__ is torch.dtype for value in args) or not _all_half(tensors):
             return original(*args, **kwargs)
+        if graph.capturing_here():
+            return original(*args, **kwargs)            # as asked: see _computed_as_captured
         if up_to is not None and tensors[0].numel() > up_to:
             count(api, "float16 as asked (larger than float32 was timed faster at here)")
             return original(*args, **kwargs)
