@@ -216,6 +216,81 @@ def test_flash_attn_with_kvcache_writes_the_cache_and_attends_over_it(shim):
     torch.testing.assert_close(paged, out)
 
 
+def test_which_query_rows_see_no_key_is_known_from_the_sizes_alone():
+    """Attention's stand-ins zero a query row that sees no key; whether there is one is decided
+    from the sizes, causal flag and window, no value read on the host, and agrees with the mask
+    for every small case, bottom-right and top-left aligned."""
+    import itertools
+    from cudashim.substitutes._attention import sees_no_key_somewhere, visibility
+    for seqlen_q, seqlen_k, causal, left, right, top_left in itertools.product(
+            range(5), range(5), (False, True), range(-1, 3), range(-1, 3), (False, True)):
+        seen = visibility(seqlen_q, seqlen_k, causal, (left, right), "cpu", top_left)
+        expected = seen is not None and bool((~seen.any(-1)).any())
+        assert sees_no_key_somewhere(seqlen_q, seqlen_k, causal, (left, right), top_left) == expected
+
+
+def test_the_attention_and_normalization_stand_ins_replay_in_a_cuda_graph(shim):
+    """flash_attn_func (causal, a local window that leaves rows without keys), xformers'
+    attention with a causal mask, and apex's fused norms, captured in a CUDA graph: a replay on
+    new inputs computes what eager calls compute, and the capture reads no value on the host."""
+    import xformers.ops as xops
+    from apex.normalization import FusedLayerNorm, FusedRMSNorm
+    from flash_attn import flash_attn_func
+    q, k, v = (t.cuda() for t in _qkv(5, 3, heads=2, kv_heads=2))
+    norms = FusedLayerNorm(8).cuda(), FusedRMSNorm(8).cuda()
+
+    def step():
+        return [flash_attn_func(q, k, v, causal=True), flash_attn_func(q, k, v, window_size=(0, 0)),
+                xops.memory_efficient_attention(q, k, v, attn_bias=xops.LowerTriangularMask()),
+                *(norm(q) for norm in norms)]
+    with torch.no_grad():
+        step()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = step()
+        for tensor in (q, k, v):
+            tensor.copy_(torch.randn_like(tensor))
+        graph.replay()
+        for ours, eager in zip(captured, step()):
+            close(ours, eager)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "paged, rotary, alibi"])
+def test_a_decoding_step_captured_in_a_cuda_graph_replays_with_the_cache_lengths_moved_on(shim, layout):
+    """flash_attn_with_kvcache in a decoding step captured once (flash_attn's own generation with
+    ``cg=True``): the program moves ``cache_seqlens`` on in place between replays, and each replay
+    writes the new keys at the new lengths and attends as an eager call on the same cache does.
+    The capture reads no length on the host."""
+    from flash_attn import flash_attn_with_kvcache
+    torch.manual_seed(5)
+    paged = layout != "contiguous"
+    options = {"causal": True}
+    if paged:
+        k_cache, v_cache = torch.randn(6, 4, 2, 8), torch.randn(6, 4, 2, 8)
+        angles = torch.outer(torch.arange(16.0), 1.0 / 10000 ** (torch.arange(0, 4, 2) / 4))
+        options.update(block_table=torch.tensor([[3, 0], [5, 1]], dtype=torch.int32).cuda(),
+                       rotary_cos=angles.cos().cuda(), rotary_sin=angles.sin().cuda(),
+                       alibi_slopes=torch.tensor([0.5, 0.25, 0.1, 0.05]).cuda())
+    else:
+        k_cache, v_cache = torch.randn(2, 8, 2, 8), torch.randn(2, 8, 2, 8)
+    k_cache, v_cache = k_cache.cuda(), v_cache.cuda()
+    q, k, v = torch.randn(2, 1, 4, 8).cuda(), torch.randn(2, 1, 2, 8).cuda(), torch.randn(2, 1, 2, 8).cuda()
+    lengths = torch.tensor([2, 4], dtype=torch.int32).cuda()
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad():
+        with torch.cuda.graph(graph):
+            out = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lengths, **options)
+        for _ in range(3):
+            for tensor in (q, k, v):
+                tensor.copy_(torch.randn_like(tensor))
+            lengths.add_(1)
+            caches = k_cache.clone(), v_cache.clone()
+            eager = flash_attn_with_kvcache(q, *caches, k, v, cache_seqlens=lengths, **options)
+            graph.replay()
+            close(out, eager)
+            assert torch.equal(k_cache, caches[0]) and torch.equal(v_cache, caches[1])
+
+
 def test_flash_attn_rotary_matches_the_definition(shim):
     from flash_attn.layers.rotary import apply_rotary_emb
     torch.manual_seed(3)

@@ -42,6 +42,23 @@ def visibility(seqlen_q: int, seqlen_k: int, causal: bool, window: Tuple[int, in
     return seen
 
 
+def sees_no_key_somewhere(seqlen_q: int, seqlen_k: int, causal: bool, window: Tuple[int, int],
+                          top_left: bool = False) -> bool:
+    """Whether some query row of ``visibility``'s mask sees no key, from the sizes alone: a
+    CUDA graph's capture allows no read of a tensor's value on the host, and flash attention
+    under graphs (a decoding step captured once, replayed per token) is the common case. Query
+    i sits at key position p = i + offset and sees the keys from p - left to p + right: the first
+    row sees none where p + right < 0, the last where p - left > seqlen_k - 1."""
+    left, right = window
+    if causal:
+        right = 0
+    if (left < 0 and right < 0) or seqlen_q == 0:
+        return False
+    first = 0 if top_left else seqlen_k - seqlen_q
+    last = first + seqlen_q - 1
+    return seqlen_k == 0 or (right >= 0 and first + right < 0) or (left >= 0 and last - left > seqlen_k - 1)
+
+
 def alibi_bias(slopes: torch.Tensor, seqlen_q: int, seqlen_k: int) -> torch.Tensor:
     """``-slope * |i + seqlen_k - seqlen_q - j|`` as (batch or 1, heads, seqlen_q, seqlen_k)."""
     rows = torch.arange(seqlen_q, device=slopes.device).unsqueeze(1) + (seqlen_k - seqlen_q)
@@ -56,14 +73,15 @@ def alibi_bias(slopes: torch.Tensor, seqlen_q: int, seqlen_k: int) -> torch.Tens
 def attention(q, k, v, *, scale: Optional[float] = None, causal: bool = False,
               window: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
               bias: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
-              need_weights: bool = False, top_left: bool = False):
+              need_weights: bool = False, top_left: bool = False, seen: Optional[torch.Tensor] = None):
     """Attention over (batch, seqlen, heads, headdim) tensors.
 
     ``bias`` is added to the scores, broadcast to (batch, heads, seqlen_q, seqlen_k);
     ``top_left`` aligns the causal mask and window to the top left (xformers'
-    ``LowerTriangularMask``) instead of flash attention's bottom right. Returns
-    the output, or (output, log-sum-exp (batch, heads, seqlen_q) in float32, probabilities)
-    when ``need_weights``.
+    ``LowerTriangularMask``) instead of flash attention's bottom right. ``seen``: the keys each
+    query row sees, (batch, seqlen_q, seqlen_k), in place of the mask the sizes, ``causal`` and
+    ``window`` give (a KV cache whose lengths are held on the device). Returns the output, or
+    (output, log-sum-exp (batch, heads, seqlen_q) in float32, probabilities) when ``need_weights``.
     """
     batch, seqlen_q, heads, headdim = q.shape
     seqlen_k, kv_heads = k.shape[1], k.shape[2]
@@ -71,26 +89,28 @@ def attention(q, k, v, *, scale: Optional[float] = None, causal: bool = False,
         raise RuntimeError(f"Number of heads in key/value ({kv_heads}) must divide the number "
                            f"of heads in query ({heads})")
     scale = 1.0 / math.sqrt(headdim) if scale is None else scale
-    seen = visibility(seqlen_q, seqlen_k, causal, window, q.device, top_left)
+    blind_rows = None
+    if seen is not None:                                   # rows without a key found on the device
+        seen = seen.unsqueeze(1)                            # one mask for every head
+        blind_rows = ~seen.any(dim=-1)
+        seen = seen | blind_rows.unsqueeze(-1)              # computed, then zeroed below
+    else:
+        seen = visibility(seqlen_q, seqlen_k, causal, window, q.device, top_left)
+        if seen is not None and sees_no_key_somewhere(seqlen_q, seqlen_k, causal, window, top_left):
+            blind_rows = ~seen.any(dim=-1)                 # rows that see no key at all
+            seen = seen | blind_rows.unsqueeze(-1)
     if alibi_slopes is not None:
         alibi = alibi_bias(alibi_slopes, seqlen_q, seqlen_k)
         bias = alibi if bias is None else bias + alibi
-    blind_rows = None
-    if seen is not None:
-        blind_rows = ~seen.any(dim=-1)                     # rows that see no key at all
-        if bool(blind_rows.any()):
-            seen = seen | blind_rows.unsqueeze(-1)          # computed, then zeroed below
-        else:
-            blind_rows = None
     q_, k_, v_ = (t.transpose(1, 2) for t in (q, k, v))    # (batch, heads, seqlen, headdim)
     if softcap or need_weights:
         out, lse, probs = _explicit(q_, k_, v_, scale, softcap, seen, bias, dropout_p, heads // kv_heads)
     else:
         out, lse, probs = _sdpa(q_, k_, v_, scale, seen, bias, dropout_p, heads // kv_heads), None, None
     if blind_rows is not None:
-        out = out.masked_fill(blind_rows[:, None], 0.0)
+        out = out.masked_fill(blind_rows[..., None], 0.0)
         if need_weights:
-            probs = probs.masked_fill(blind_rows[:, None], 0.0)
+            probs = probs.masked_fill(blind_rows[..., None], 0.0)
             lse = lse.masked_fill(blind_rows, float("inf"))
     out = out.transpose(1, 2)
     return (out, lse, probs) if need_weights else out

@@ -3,7 +3,9 @@
 Signatures are FlashAttention 2's, parameter for parameter: transformers reads them with
 ``inspect.signature`` to decide which options to pass. ``deterministic`` and ``num_splits``
 choose between CUDA kernels and change nothing here. Variable-length calls (``varlen``) run
-one sequence at a time; ``block_table`` (a paged KV cache) is read block by block.
+one sequence at a time, their boundaries read on the host (so a CUDA graph cannot capture
+them); ``block_table`` (a paged KV cache) is read block by block. ``flash_attn_with_kvcache``
+inside a CUDA graph's capture reads its lengths on the device only.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Optional, Union
 
 import torch
 
+from cudashim.graphs.graph import capturing_here
 from cudashim.substitutes._attention import attention
 from .layers.rotary import rotate
 
@@ -155,6 +158,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     """
     if (k is None) != (v is None):
         raise ValueError("flash_attn_with_kvcache: give both k and v, or neither")
+    if capturing_here():
+        return _with_kvcache_on_the_device(
+            q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
+            block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes,
+            return_softmax_lse)
     batch, seqlen_q = q.shape[0], q.shape[1]
     seqlen_new = 0 if k is None else k.shape[1]
     paged = block_table is not None
@@ -200,6 +208,70 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             outs.append(result)
     out = torch.cat(outs)
     return (out, torch.cat(lses)) if return_softmax_lse else out
+
+
+def _with_kvcache_on_the_device(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                                cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
+                                window_size, softcap, rotary_interleaved, alibi_slopes, return_softmax_lse):
+    """``flash_attn_with_kvcache`` with the cache's lengths, rows and left padding read on the
+    device only, for a call a CUDA graph captures: a decoding step captured once and replayed
+    with its lengths moved on (flash_attn's own generation with ``cg=True``) reads no value on
+    the host, which a capture forbids. Each query attends over the whole cache, the positions
+    outside its sequence masked, where the eager path slices each sequence's keys. As on CUDA,
+    keys written past the cache's end are not checked."""
+    batch, seqlen_q = q.shape[0], q.shape[1]
+    seqlen_new = 0 if k is None else k.shape[1]
+    device = q.device
+    block_size = k_cache.shape[1]
+    capacity = block_table.shape[1] * block_size if block_table is not None else k_cache.shape[1]
+
+    def each(value, default):
+        """(batch,) positions on the device from an int, a tensor of one or of one a sequence."""
+        if value is None or isinstance(value, int):
+            return torch.full((batch,), default if value is None else value, dtype=torch.long, device=device)
+        return value.to(device=device, dtype=torch.long).expand(batch)
+    lengths = each(cache_seqlens, capacity if k is None else 0)
+    rows = torch.arange(batch, device=device) if cache_batch_idx is None else each(cache_batch_idx, 0)
+    starts = each(cache_leftpad, 0)
+    ends = lengths + seqlen_new
+    if rotary_cos is not None:
+        first = (lengths - starts).unsqueeze(1)
+        local = tuple(window_size) != _NO_WINDOW
+        q_positions = first + torch.arange(seqlen_q, device=device) if causal or local \
+            else first.expand(batch, seqlen_q)
+        q = rotate(q, rotary_cos, rotary_sin, q_positions, rotary_interleaved)
+    if k is not None:
+        positions = lengths.unsqueeze(1) + torch.arange(seqlen_new, device=device)      # (batch, new)
+        if rotary_cos is not None:
+            k = rotate(k, rotary_cos, rotary_sin, positions - starts.unsqueeze(1), rotary_interleaved)
+        if block_table is None:
+            at = (rows.unsqueeze(1), positions)
+        else:
+            at = (block_table.long().gather(1, positions // block_size), positions % block_size)
+        k_cache[at] = k
+        v_cache[at] = v
+    if block_table is None:
+        keys, values = k_cache[rows], v_cache[rows]
+    else:
+        keys, values = (cache[block_table.long()].flatten(1, 2) for cache in (k_cache, v_cache))
+    key_at = torch.arange(capacity, device=device)
+    query_at = (ends.unsqueeze(1) - seqlen_q + torch.arange(seqlen_q, device=device)).unsqueeze(-1)
+    seen = (key_at >= starts[:, None, None]) & (key_at < ends[:, None, None])
+    left, right = window_size
+    if causal:
+        right = 0
+    if right >= 0:
+        seen = seen & (key_at <= query_at + right)
+    if left >= 0:
+        seen = seen & (key_at >= query_at - left)
+    bias = None
+    if alibi_slopes is not None:
+        slopes = alibi_slopes.float()
+        slopes = slopes.unsqueeze(0) if slopes.dim() == 1 else slopes                    # (batch or 1, heads)
+        bias = -slopes[:, :, None, None] * (query_at - key_at).abs().float().unsqueeze(1)
+    result = attention(q, keys, values, scale=softmax_scale, softcap=softcap, bias=bias,
+                       need_weights=return_softmax_lse, seen=seen.expand(batch, seqlen_q, capacity))
+    return result[:2] if return_softmax_lse else result
 
 
 def _write(k_cache, v_cache, k, v, row: int, at: int, blocks) -> None:
