@@ -291,6 +291,42 @@ def test_a_decoding_step_captured_in_a_cuda_graph_replays_with_the_cache_lengths
             assert torch.equal(k_cache, caches[0]) and torch.equal(v_cache, caches[1])
 
 
+def test_flash_attn_with_kvcache_on_the_device_computes_what_the_eager_path_computes(shim):
+    """What a capture runs of flash_attn_with_kvcache (lengths, rows and left padding read on the
+    device, the whole cache masked) writes the same cache and returns the same output and
+    log-sum-exp as the eager path (each sequence's keys sliced on the host), for every
+    combination of a paged cache, rotary embeddings, causal, a local window, ALiBi, the
+    log-sum-exp, cache_batch_idx and cache_leftpad."""
+    import itertools
+    from flash_attn import flash_attn_interface, flash_attn_with_kvcache
+    torch.manual_seed(6)
+    angles = torch.outer(torch.arange(16.0), 1.0 / 10000 ** (torch.arange(0, 4, 2) / 4))
+    for paged, rotary, causal, window, alibi, lse, rows, leftpad in itertools.product(
+            (False, True), (False, True), (False, True), ((-1, -1), (2, 0)), (False, True), (False, True),
+            (False, True), (False, True)):
+        if paged and (rows or leftpad):
+            continue                                   # flash_attn takes neither with a block table
+        shape = (6, 4, 2, 8) if paged else (3, 8, 2, 8)
+        k_cache, v_cache = torch.randn(shape), torch.randn(shape)
+        q, k, v = torch.randn(2, 2, 4, 8), torch.randn(2, 2, 2, 8), torch.randn(2, 2, 2, 8)
+        given = {"cache_seqlens": torch.tensor([3, 5], dtype=torch.int32), "causal": causal,
+                 "window_size": window, "return_softmax_lse": lse,
+                 "block_table": torch.tensor([[3, 0], [5, 1]], dtype=torch.int32) if paged else None,
+                 "rotary_cos": angles.cos() if rotary else None, "rotary_sin": angles.sin() if rotary else None,
+                 "alibi_slopes": torch.tensor([0.5, 0.25, 0.1, 0.05]) if alibi else None,
+                 "cache_batch_idx": torch.tensor([2, 0], dtype=torch.int32) if rows else None,
+                 "cache_leftpad": torch.tensor([1, 0], dtype=torch.int32) if leftpad else None}
+        eager_caches, device_caches = (k_cache.clone(), v_cache.clone()), (k_cache.clone(), v_cache.clone())
+        eager = flash_attn_with_kvcache(q, *eager_caches, k, v, **given)
+        on_the_device = flash_attn_interface._with_kvcache_on_the_device(
+            q, *device_caches, k, v, given["rotary_cos"], given["rotary_sin"], given["cache_seqlens"],
+            given["cache_batch_idx"], given["cache_leftpad"], given["block_table"], None, causal, window, 0.0,
+            True, given["alibi_slopes"], lse)
+        assert all(map(torch.equal, eager_caches, device_caches))
+        for ours, theirs in zip(*((result,) if not lse else result for result in (on_the_device, eager))):
+            close(ours, theirs)
+
+
 def test_flash_attn_rotary_matches_the_definition(shim):
     from flash_attn.layers.rotary import apply_rotary_emb
     torch.manual_seed(3)
