@@ -1566,6 +1566,26 @@ def test_a_region_run_in_float32_computes_the_dtypes_autocast_would_have_cast(sp
         F.linear(x.to(BF16), w.float())
 
 
+def test_a_region_run_in_float32_replays_in_a_cuda_graph_on_the_weights_the_replay_finds(speeds):
+    """Inside a CUDA autocast region the policy runs in float32, a float32 batch through a float16
+    layer is computed in float32; captured in a CUDA graph, a replay converts the weight again, so
+    weights loaded in place between replays are the ones it reads."""
+    speeds(SLOW_BOTH)
+    torch.manual_seed(10)
+    layer = torch.nn.Linear(8, 4).half().cuda().eval()
+    x = torch.randn(3, 8, device="cuda")
+    with torch.no_grad(), torch.autocast("cuda", dtype=BF16):
+        layer(x)                                             # warmed up: the weight's copy kept
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = layer(x)
+        layer.load_state_dict({name: value * 3 for name, value in layer.state_dict().items()})
+        graph.replay()
+        assert captured.dtype == torch.float32
+        torch.testing.assert_close(captured, layer(x))
+        torch.testing.assert_close(captured, F.linear(x, layer.weight.float(), layer.bias.float()))
+
+
 def test_a_half_model_trains_and_infers_with_its_dtype_kept(speeds):
     speeds(SLOW_BOTH)
     torch.manual_seed(0)

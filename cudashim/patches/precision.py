@@ -77,7 +77,8 @@ def converted(tensor, dtype):
     they leave to torch, by way of float32. The values are torch's either way: both types are
     exact in float32, and each conversion rounds once, to nearest even."""
     if tensor.dtype in _REDUCED and dtype in _REDUCED and tensor.dtype is not dtype:
-        fast = native.reduced_converted(tensor, dtype) if native.usable() else None
+        fast = native.reduced_converted(tensor, dtype) if native.usable() and not graph.capturing_here() \
+            else None                       # a capture records torch's ops only
         return fast if fast is not None else tensor.float().to(dtype)
     return tensor.to(dtype)
 
@@ -251,6 +252,8 @@ class WideningCache:
     def widen(self, tensor, dtype=torch.float32, scratch=None, copies=None):
         """``tensor`` in ``dtype``, kept in ``copies`` (``self.copies`` where not given) where it
         is a parameter that may be kept."""
+        if graph.capturing_here():          # a replay would not follow a weight written between replays
+            return converted(tensor, dtype)
         copies = self.copies if copies is None else copies
         key = (id(tensor), dtype)
         kept = copies.get(key)
