@@ -62,3 +62,34 @@ def test_cuda_device_vocabulary_inside_compiled_code_adds_no_graph_break():
     graphs, breaks, compiled, eager = json.loads(result.stdout.splitlines()[-1])
     assert (graphs, breaks) == (1, 0)
     assert compiled == eager == [10.0, 12.0, 14.0]
+
+
+COMPILED_UNDER_THE_DEFAULT_DEVICE = """
+import json, torch
+def step(x):
+    return (x.float() + torch.ones(3)) * torch.arange(3)
+torch.set_default_device("cuda")
+x = torch.ones(3, dtype=torch.bfloat16)
+explanation = torch._dynamo.explain(step)(x)
+compiled = torch.compile(step, backend="eager")(x)
+torch.set_default_device("cpu")
+with torch.device("cuda"):
+    inside = torch.compile(step, backend="eager", dynamic=True)(torch.ones(3, device="cuda"))
+    made = torch.zeros(1024)
+print(json.dumps([explanation.graph_count, explanation.graph_break_count, compiled.tolist(), compiled.is_cuda,
+                  inside.tolist(), step(x.cuda()).tolist(), torch.cuda.memory_allocated() >= made.nbytes]))
+"""
+
+
+def test_code_compiled_under_the_default_device_traces_as_it_does_on_cuda():
+    """``torch.set_default_device("cuda")`` and ``with torch.device("cuda")`` (nano-vllm, gpt-fast
+    and torchtitan build and warm up their models so) around a compiled function that makes a
+    tensor: one graph, no break, the values eager computes on the target; a tensor the context
+    makes eagerly is still counted as device memory."""
+    import json
+    result = python("-m", "cudashim", "-c", COMPILED_UNDER_THE_DEFAULT_DEVICE, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    graphs, breaks, compiled, on_target, inside, eager, counted = json.loads(result.stdout.splitlines()[-1])
+    assert (graphs, breaks) == (1, 0)
+    assert compiled == inside == eager == [0.0, 2.0, 4.0]
+    assert on_target and counted

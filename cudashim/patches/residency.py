@@ -342,11 +342,14 @@ def _count_what_device_contexts_make(activation, memory):
     def make(original):
         @functools.wraps(original)
         def __torch_function__(self, func, types, args=(), kwargs=None):
-            if func not in constructors or self.device is not device_object or \
+            # torch.compile traces this mode's call of every op under the default device:
+            # is_compiling() first, which dynamo folds to True, leaves it torch's own call (dynamo
+            # failed to guard on the set of constructors reached through this closure).
+            if is_compiling() or func not in constructors or self.device is not device_object or \
                     (kwargs and kwargs.get("device") is not None):
                 return original(self, func, types, args, kwargs)
             result = original(self, func, types, args, kwargs)
-            if isinstance(result, Tensor) and not is_compiling():
+            if isinstance(result, Tensor):
                 memory.add(result)
             return result
         return __torch_function__
