@@ -107,6 +107,24 @@ def test_liger_kernels_train_a_transformer_as_torch_ops_do(tmp_path):
                     "_triton_rope"} <= interpreted, interpreted
 
 
+def test_a_kernel_launched_inside_a_cuda_graph_capture_runs_again_at_each_replay(tmp_path):
+    """A Triton kernel storing a decoding step's keys into a cache, captured in a CUDA graph with
+    an op that reads the cache after it: the capture leaves the cache as it found it, and each
+    replay stores the new keys at the new slots (a slot of -1 skipped) before that op reads them,
+    on the CPU backend and on the test accelerator, whose memory the interpreter copies to the
+    host and back."""
+    if _interpreter_refusal():
+        pytest.skip("this triton's interpreter cannot store here (the tutorials test checks the refusal)")
+    for target in [None, *targets(where=lambda target: target is SHIMDEV)]:
+        name = target.name if target else "cpu"
+        out = tmp_path / f"{name}.json"
+        run = _run("tests/programs/triton_graphs.py", out, target=target)
+        assert run.returncode == 0, f"{name}: {run.stderr[-4000:]}"
+        seen = json.loads(out.read_text())
+        assert seen == {"untouched_by_capture": True, "replays": [True, True, True],
+                        "device": target.device(0) if target else "cpu"}, name
+
+
 # --- in this process ---------------------------------------------------------------------
 @triton.jit
 def _inline_ptx_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr):

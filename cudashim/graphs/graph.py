@@ -44,7 +44,14 @@ _RECORDING = set()
 
 def capturing_here() -> bool:
     """As ``is_capturing``, answered from one read where no thread captures."""
-    return bool(_RECORDING) and is_capturing()
+    return bool(_RECORDING) and recording_here() is not None
+
+
+def recording_here():
+    """The ``recording.Recorder`` of the capture the calling thread is in, or None."""
+    if not _RECORDING:
+        return None
+    return next((mode for mode in _get_current_dispatch_mode_stack() if mode in _RECORDING), None)
 
 
 def is_capturing() -> bool:

@@ -13,8 +13,9 @@ so a program that is wrong on CUDA is not silently right here.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch.utils import _pytree as pytree
@@ -62,12 +63,27 @@ def written_arguments(func, args, kwargs) -> List[torch.Tensor]:
     return written
 
 
+class OpaqueWork:
+    """Work the dispatcher does not see whole, recorded as one step: ``run()`` does it again."""
+
+    def __init__(self, name: str, run: Callable[[], None]):
+        self.name = name
+        self.run = run
+
+    def __call__(self) -> None:
+        self.run()
+
+    def __str__(self) -> str:
+        return self.name
+
+
 class Recorder(TorchDispatchMode):
     """Records the ops of one capture on ``target_type``'s devices."""
 
     def __init__(self, target_type: str):
         super().__init__()
         self.target_type = target_type
+        self._opaque = 0                          # depth of OpaqueWork running: not recorded op by op
         self.steps: List[Step] = []
         self.error: Optional[str] = None          # the capture rule a program broke
         self._made: set = set()                   # memory the capture allocated
@@ -80,6 +96,8 @@ class Recorder(TorchDispatchMode):
     # --- the mode ---------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self._opaque:
+            return func(*args, **kwargs)
         leaves = pytree.tree_leaves((args, kwargs))
         tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
         if not self._on_target(tensors, kwargs):
@@ -99,6 +117,29 @@ class Recorder(TorchDispatchMode):
         self._written.update(storage_key(t) for t in written)
         self.steps.append(Step(func, args, kwargs, outputs, fresh, bool(written)))
         return result
+
+    def record_opaque(self, work: OpaqueWork, tensors) -> None:
+        """Run ``work`` once, its ops unrecorded, and record it as one step a replay runs again:
+        a Triton kernel run through its interpreter reads and writes memory by address, which
+        no op shows. It may write any of ``tensors`` (its arguments): those from before the
+        capture are saved first, as an op's written arguments are, and reading one on the host
+        afterwards waits for captured work."""
+        on_target = [tensor for tensor in tensors if self._on_target([tensor], {})]
+        for tensor in on_target:
+            self._save_before_first_write(tensor)
+        with self.unrecorded():
+            work()
+        self._written.update(storage_key(tensor) for tensor in on_target)
+        self.steps.append(Step(work, (), {}, (), (), True))
+
+    @contextlib.contextmanager
+    def unrecorded(self):
+        """Ops run here are not the capture's: a step's own work, or cudashim's probes."""
+        self._opaque += 1
+        try:
+            yield
+        finally:
+            self._opaque -= 1
 
     def _on_target(self, tensors, kwargs) -> bool:
         if self.target_type == "cpu":

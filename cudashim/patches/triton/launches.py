@@ -35,6 +35,7 @@ import weakref
 from types import SimpleNamespace
 
 from ...errors import UnsupportedCudaAPI, refusal
+from ...graphs import graph
 from . import bfloat16, gaps, libdevice
 
 # (module, attribute) of the Triton internals this needs; Triton 3.0 to 3.8 have each.
@@ -110,13 +111,32 @@ class Launches:
 
     # --- a launch ---------------------------------------------------------------------
     def launch(self, kernel, args, kwargs, grid):
+        recording = graph.recording_here()
+        if recording is None:
+            self.run(*self.prepared(kernel, args, kwargs, grid))
+            return
+        # Inside a CUDA graph's capture: the probe and the grid are no work of the graph's, and
+        # the launch is recorded as one step, run again at every replay.
+        import torch
+        from ...graphs.recording import OpaqueWork    # imported at the first capture, as the recorder
+        with recording.unrecorded():
+            prepared = self.prepared(kernel, args, kwargs, grid)
+        tensors = [value for value in (*args, *kwargs.values()) if isinstance(value, torch.Tensor)]
+        recording.record_opaque(OpaqueWork(f"the Triton kernel {prepared[0]}", lambda: self.run(*prepared)),
+                                tensors)
+
+    def prepared(self, kernel, args, kwargs, grid):
+        """The arguments of ``run`` for a launch: the kernel's name, its interpreted twin, the
+        launch's arguments and its grid as ints; refused where the interpreter cannot store."""
         name = kernel_name(kernel)
         broken = gaps.store_works()
         if broken:
             raise refusal(UnsupportedCudaAPI(f"the Triton kernel {name}", self.target,
                                              f"it would run through Triton's interpreter, but {broken}"))
-        grid = launch_grid(kernel, grid, args, kwargs)
-        twin = self.twin(kernel)
+        return name, self.twin(kernel), args, kwargs, launch_grid(kernel, grid, args, kwargs)
+
+    def run(self, name, twin, args, kwargs, grid) -> None:
+        """The kernel's interpreted twin run over ``grid``, counted in the report."""
         start = time.perf_counter()
         with self._turn:
             self._inside.depth = getattr(self._inside, "depth", 0) + 1
