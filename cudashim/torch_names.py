@@ -117,6 +117,12 @@ NAMES: Dict[str, Name] = {name.path: name for name in (
        "what dynamo answers for is_cuda while it traces"),
     _n("torch._dynamo.variables.builder.VariableBuilder._wrap", "compiled", REQUIRED,
        "where dynamo meets the compiled wrappers"),
+    _n("torch._dynamo.trace_rules.get_tensor_method", "compiled", FALLBACK,
+       "a Tensor method cudashim replaced, called by its wrapper in compiled code under a torch "
+       "function mode, is a graph break"),
+    _n("torch._dynamo.variables.builder.SourcelessBuilder", "compiled", FALLBACK,
+       "a wrapper handed to a torch function mode in compiled code (set_default_device's, a "
+       "program's own) is a graph break"),
     _n("torch._dynamo.variables.builder.VariableBuilder.install_guards", "compiled", REQUIRED, "guards"),
     _n("torch._dynamo.variables.builder.VariableBuilder.get_source", "compiled", REQUIRED, "guards"),
     _n("torch._dynamo.trace_rules.get_torch_obj_rule_map", "compiled", REQUIRED,
@@ -137,6 +143,9 @@ NAMES: Dict[str, Name] = {name.path: name for name in (
        "an ABC before torch 2.5, which dynamo checks streams against; later an alias of torch.Stream, or absent: nothing to register with"),
     _n("torch._streambase._EventBase", "backends.host", FALLBACK,
        "an ABC before torch 2.5, which dynamo checks events against; later an alias of torch.Event, or absent: nothing to register with"),
+    _n("torch._dynamo.eval_frame.skip_code", "residency", FALLBACK,
+       "dynamo compiles the device-memory count's frame under a compiled function's eager parts, "
+       "once per op, up to its recompile limit, with its warning"),
     _n("torch.utils._device.DeviceContext", "residency", FALLBACK,
        "a tensor made under `with torch.device(\"cuda\")` or set_default_device(\"cuda\") on the "
        "CPU backend is not counted as device memory, and its side is not known"),

@@ -93,3 +93,44 @@ def test_code_compiled_under_the_default_device_traces_as_it_does_on_cuda():
     assert (graphs, breaks) == (1, 0)
     assert compiled == inside == eager == [0.0, 2.0, 4.0]
     assert on_target and counted
+
+
+REPLACED_METHODS_UNDER_THE_DEFAULT_DEVICE = """
+import copy, json, torch
+def step(x):
+    y = (x.float() + torch.ones(3)) * torch.arange(3)
+    return y.to(torch.float16).abs().matmul(2 * torch.eye(3, dtype=torch.float16)).to(torch.float32)
+def with_breaks(x):
+    y = copy.deepcopy(x * 2)             # the standard library's: dynamo runs it as it is
+    return y + torch.tensor(y.tolist())  # a graph break, and a guard on each value
+torch.set_default_device("cuda")
+x = torch.ones(3, dtype=torch.bfloat16)
+explanation = torch._dynamo.explain(step)(x)
+compiled = torch.compile(step, backend="eager")(x)
+broken = torch.compile(with_breaks, backend="eager")
+for value in range(12):
+    last = broken(torch.full((3,), float(value)))
+print(json.dumps([torch.Tensor.matmul is not torch._C.TensorBase.matmul, explanation.graph_count,
+                  explanation.graph_break_count, compiled.tolist(), step(x).tolist(), last.tolist()]))
+"""
+
+
+def test_tensor_methods_cudashim_replaced_compile_under_the_default_device_as_torchs_own():
+    """Under ``torch.set_default_device("cuda")`` dynamo hands the device's torch function mode
+    the method a Tensor method call names: for one cudashim replaced (``Tensor.to``, a float16
+    matmul the host computes widened), torch's own, one graph with no break, as without the mode
+    (each was a graph break, and the policy's buffers broke the trace). And cudashim's frame
+    in that mode runs as it is where code a compiled function leaves to run eagerly makes tensors
+    (dynamo compiled it afresh for each op, up to its recompile limit, with its warning)."""
+    import json
+    result = python("-m", "cudashim", "-c", REPLACED_METHODS_UNDER_THE_DEFAULT_DEVICE, timeout=600,
+                    env={"CUDASHIM_HOST_PROFILE": "slow", "TORCH_LOGS": "recompiles"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    replaced, graphs, breaks, compiled, eager, last = json.loads(result.stdout.splitlines()[-1])
+    assert replaced, "the slow host's policy widens a float16 matmul: Tensor.matmul is replaced"
+    assert (graphs, breaks) == (1, 0)
+    assert compiled == eager == [0.0, 4.0, 8.0]
+    assert last == [44.0, 44.0, 44.0]
+    recompiled = [line for line in result.stderr.splitlines() if "Recompiling function" in line]
+    assert any("with_breaks" in line for line in recompiled), result.stderr[-3000:]   # logged
+    assert not any("__torch_function__" in line for line in recompiled), recompiled

@@ -27,13 +27,17 @@ from ..tables.compiled_twins import TWINS
 
 DYNAMO_TENSORS = "torch._dynamo.variables.tensor"
 DYNAMO_BUILDER = "torch._dynamo.variables.builder"
+DYNAMO_TRACE_RULES = "torch._dynamo.trace_rules"
 INDUCTOR = "torch._inductor.compile_fx"
 # Private dynamo and inductor names are read and patched here: each is in torch_names.NAMES.
 
 
 def install(activation):
+    replaced_methods = _ReplacedTensorMethods(activation.registry)
+    _tensor_methods_include_the_ones_replaced(activation, replaced_methods)
     if activation.compiled is not None:
         _trace_python_twins(activation)
+    _wrappers_met_without_a_source(activation, replaced_methods)
     if activation.backend.device_type != "cpu":
         _eager_where_inductor_has_no_code_generator(activation)
     if activation.settings.is_honest("is_cuda"):
@@ -58,6 +62,50 @@ def install(activation):
         activation.registry.set_attr(TensorVariable, "method_attr_is_cuda", method_attr_is_cuda)
 
     activation.when_imported(DYNAMO_TENSORS, patch)
+
+
+def _tensor_methods_include_the_ones_replaced(activation, replaced_methods):
+    """Dynamo puts a call of a Tensor method in the graph where the method is one of the
+    set ``trace_rules.get_tensor_method`` builds from ``torch.Tensor``'s attributes: built
+    under cudashim, it lacks the methods cudashim replaced (``Tensor.to``, a float16 op's),
+    and torch's own method handed to a torch function mode in compiled code was a graph
+    break. The originals are added."""
+    def patch(trace_rules):
+        import functools
+        original = getattr(trace_rules, "get_tensor_method", None)
+        if original is None:
+            return
+
+        @functools.lru_cache(maxsize=None)
+        def get_tensor_method():
+            return frozenset(original()) | frozenset(replaced_methods().values())
+        activation.registry.set_attr(trace_rules, "get_tensor_method", get_tensor_method)
+
+    activation.when_imported(DYNAMO_TRACE_RULES, patch)
+
+
+class _ReplacedTensorMethods:
+    """{id of what ``torch.Tensor`` holds now for a method cudashim replaced: torch's own
+    method}, for the methods torch wrote in C; built again where patches were added since."""
+
+    def __init__(self, registry):
+        self.registry = registry
+        self.counted = -1
+        self.methods = {}
+
+    def __call__(self) -> dict:
+        if self.counted != len(self.registry):
+            import types
+
+            import torch
+            kinds = (types.MethodDescriptorType, types.WrapperDescriptorType, types.BuiltinFunctionType)
+            replaced = {}
+            for patch in self.registry:
+                if patch.owner is torch.Tensor and not patch.is_item and isinstance(patch.original, kinds):
+                    replaced.setdefault(patch.name, patch.original)    # the first patch's: torch's own
+            self.methods = {id(getattr(torch.Tensor, name, None)): method for name, method in replaced.items()}
+            self.counted = len(self.registry)
+        return self.methods
 
 
 def _trace_python_twins(activation):
@@ -90,6 +138,34 @@ def _trace_python_twins(activation):
             return original(self, value)
 
         activation.registry.set_attr(VariableBuilder, "_wrap", _wrap)
+
+    activation.when_imported(DYNAMO_BUILDER, patch)
+
+
+def _wrappers_met_without_a_source(activation, replaced_methods):
+    """A wrapper dynamo meets without a source: the op a torch function mode is handed (the
+    program's own mode, or ``torch.set_default_device``'s), which torch names by its public
+    attribute, the wrapper itself. A Tensor method's is torch's own method, as dynamo puts a
+    method call in the graph where no mode sees it (tracing the wrapper traced the policy's
+    buffers, and broke the graph); a compiled wrapper's twin is traced, as for one with a
+    source."""
+    compiled_types = tuple(getattr(activation.compiled, name) for name in TWINS) \
+        if activation.compiled is not None else ()
+
+    def patch(_):
+        SourcelessBuilder = torch_names.get("torch._dynamo.variables.builder.SourcelessBuilder", None)
+        create = getattr(SourcelessBuilder, "create", None)
+        if create is None:
+            return
+
+        def create_for_wrapper(tx, value):
+            method = replaced_methods().get(id(value))
+            if method is not None:
+                value = method
+            elif type(value) in compiled_types and "python_twin" in getattr(value, "__dict__", ()):
+                value = value.python_twin
+            return create(tx, value)
+        activation.registry.set_attr(SourcelessBuilder, "create", staticmethod(create_for_wrapper))
 
     activation.when_imported(DYNAMO_BUILDER, patch)
 

@@ -355,3 +355,12 @@ def _count_what_device_contexts_make(activation, memory):
         return __torch_function__
 
     activation.replace(context, "__torch_function__", make)
+
+    # Dynamo leaves torch's own frames alone, and compiled this one afresh for each op a
+    # compiled function's eager parts made under the device, up to its recompile limit (nano-vllm
+    # warned so at every start). It still inlines it where it traces.
+    def leave_frames_uncompiled(eval_frame):
+        skip_code = torch_names.get("torch._dynamo.eval_frame.skip_code", None)
+        if skip_code is not None:
+            skip_code(vars(context)["__torch_function__"].__code__)
+    activation.when_imported("torch._dynamo.eval_frame", leave_frames_uncompiled)
