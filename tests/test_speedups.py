@@ -333,6 +333,21 @@ def variant(request):
 
 
 @needs_compiled
+def test_a_first_use_while_torch_compile_compiles_leaves_the_variant_to_the_next(monkeypatch):
+    """The variant is chosen at the first use, which can come while torch.compile compiles (a
+    compiled float16 layer's conversion): the probe's long sums are left out of compiled code
+    there, and every variant was refused for the rest of the process. The portable versions
+    serve that use; the first one after it chooses, as any other would."""
+    monkeypatch.setattr(native, "_choice", None)
+    monkeypatch.setattr(native, "_choice_failed", False)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert "torch.compile" in native.unavailable() and not native.usable()
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)
+    widest = next((v.name for v in native.variants() if v.runs_here), None)
+    assert native.variant() == widest is not None and native.usable()
+
+
+@needs_compiled
 @pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 1001, 65536 + 3])
 @pytest.mark.parametrize("bitorder", ["big", "little"])
 def test_compiled_bit_kernels_match_the_portable_ones(n, bitorder, variant):

@@ -8,7 +8,8 @@ from the environment, the one place below the activation that does.
 
 Each loop is compiled once per instruction set (AVX-512, AVX2 and SSE2 on x86-64; NEON on
 arm64). At first use the widest variant this CPU runs that agrees with the portable versions
-on a probe is chosen, once; a variant that disagrees is logged and passed over.
+on a probe is chosen, once (not while torch.compile compiles: the portable versions serve
+until then); a variant that disagrees is logged and passed over.
 """
 
 from __future__ import annotations
@@ -54,6 +55,11 @@ def unavailable() -> Optional[str]:
     if sys.byteorder != "little":
         return "the compiled kernels read words little-endian; this host is big-endian"
     if _choice is None:
+        if torch.compiler.is_compiling():
+            # The probe's long sums answer None while torch.compile compiles (they are left out
+            # of its graphs), which read as every variant disagreeing, for the whole process:
+            # the first use that a compiled function's tracing made chose none (nano-vllm's).
+            return "not chosen while torch.compile compiles: chosen at the first use after it"
         _choose_variant()
     return _choice if _choice_failed else None
 
