@@ -118,11 +118,11 @@ NAMES: Dict[str, Name] = {name.path: name for name in (
     _n("torch._dynamo.variables.builder.VariableBuilder._wrap", "compiled", REQUIRED,
        "where dynamo meets the compiled wrappers"),
     _n("torch._dynamo.trace_rules.get_tensor_method", "compiled", FALLBACK,
-       "a Tensor method cudashim replaced, called by its wrapper in compiled code under a torch "
-       "function mode, is a graph break"),
+       "torch's own method for one cudashim replaced, handed to a torch function mode in "
+       "compiled code, is a graph break"),
     _n("torch._dynamo.variables.builder.SourcelessBuilder", "compiled", FALLBACK,
        "a wrapper handed to a torch function mode in compiled code (set_default_device's, a "
-       "program's own) is a graph break"),
+       "program's own) is a graph break, or traces the precision policy's buffers"),
     _n("torch._dynamo.variables.builder.VariableBuilder.install_guards", "compiled", REQUIRED, "guards"),
     _n("torch._dynamo.variables.builder.VariableBuilder.get_source", "compiled", REQUIRED, "guards"),
     _n("torch._dynamo.trace_rules.get_torch_obj_rule_map", "compiled", REQUIRED,
