@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import threading
 import time
 import weakref
@@ -199,6 +200,11 @@ def _running(launches):
         @functools.wraps(original)
         def interpreted_run(self, *args, grid, warmup, **kwargs):
             if not untraced:
+                if "torch._dynamo" not in sys.modules:
+                    # Nothing compiles before dynamo is imported, and its import runs ops on
+                    # tensors (torch 2.7 reads one on the host), which a CUDA graph's capture in
+                    # progress refuses: the first launch inside one was that import.
+                    return launch_or_warm_up(self, args, kwargs, grid, warmup)
                 import torch
                 untraced.append(torch.compiler.disable(launch_or_warm_up))
             return untraced[0](self, args, kwargs, grid, warmup)
