@@ -33,7 +33,8 @@ typedef struct {
 } StayObject;
 
 static PyObject *device_name, *cpu_name, *cpu_prefix;              /* interned */
-static PyObject *clone_name, *holds_name, *add_name, *layout_name, *moving_module_name, *is_cpu_name;
+static PyObject *clone_name, *holds_name, *add_name, *layout_name, *moving_module_name, *in_place_name,
+                *is_cpu_name;
 
 /* The side a device argument names (borrowed): the device's, the host's, or None where it
  * names neither (a dtype, a device read off a tensor): torch's answer stands. NULL where
@@ -200,6 +201,12 @@ static PyObject *copied_here(StayObject *self, PyObject *tensor, PyObject *side)
     if (PySequence_Contains(self->plain_types, (PyObject *)Py_TYPE(tensor)) != 1)
         return NULL;                     /* a subclass moves itself; torch's answer stands */
     yes = watched(self);                 /* a graph being recorded moves as torch's code does */
+    if (yes != 0)
+        return NULL;
+    /* cudashim's own moves, made in place on this thread (``Residency.in_place``) */
+    answer = PyObject_GetAttr(PyTuple_GET_ITEM(self->copying, 1), in_place_name);
+    yes = answer == NULL ? -1 : PyObject_IsTrue(answer);
+    Py_XDECREF(answer);
     if (yes != 0)
         return NULL;
     memory = PyTuple_GET_ITEM(self->copying, 0);
@@ -626,8 +633,9 @@ int residency_init_names(void)
     add_name = PyUnicode_InternFromString("add");
     layout_name = PyUnicode_InternFromString("layout");
     moving_module_name = PyUnicode_InternFromString("moving_module");
+    in_place_name = PyUnicode_InternFromString("in_place");
     is_cpu_name = PyUnicode_InternFromString("is_cpu");
     return device_name != NULL && cpu_name != NULL && cpu_prefix != NULL && clone_name != NULL &&
            holds_name != NULL && add_name != NULL && layout_name != NULL && moving_module_name != NULL &&
-           is_cpu_name != NULL;
+           in_place_name != NULL && is_cpu_name != NULL;
 }

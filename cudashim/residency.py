@@ -59,11 +59,12 @@ def _viewing(storage):
     return torch.empty(0, dtype=torch.uint8).set_(storage)
 
 
-class _ModuleMoves(threading.local):
-    """Per thread: whether a module's move is under way. A class default, because reading a
-    thread-local attribute the thread never set raises and catches AttributeError (1 us, on
-    every copying move)."""
+class _ThreadMoves(threading.local):
+    """Per thread: whether a module's move is under way, and whether moves keep torch's answer
+    (``Residency.in_place``). Class defaults, because reading a thread-local attribute the thread
+    never set raises and catches AttributeError (1 us, on every copying move)."""
     moving_module = False
+    in_place = False
 
 
 class Residency:
@@ -79,7 +80,7 @@ class Residency:
         self.sides: dict = {}
         self.memory = memory             # a DeviceMemory that counts what is placed on the device
         self._count = count
-        self._local = _ModuleMoves()
+        self._local = _ThreadMoves()
         self._compiling = torch.compiler.is_compiling
         self._tracing = torch.jit.is_tracing
 
@@ -134,7 +135,7 @@ class Residency:
         """What a move of ``tensor`` to ``side`` returns, given torch's own ``result`` (the
         tensor itself where it stays in host memory). ``side`` None: the destination is not
         known (a device object read off a tensor), so torch's answer stands."""
-        if side is None:
+        if side is None or self._local.in_place:
             return result
         if result is not tensor:          # torch converted or copied: place what it made
             if result.__class__ is torch.Tensor:
@@ -175,7 +176,7 @@ class Residency:
         the typed storages' through them) returns: as a tensor's move, the storage itself where it
         is known to be at the destination (device memory counted, or a copy this placed), else
         a copy of its own."""
-        if side is None or result is not storage:
+        if side is None or result is not storage or self._local.in_place:
             return result
         known = self.sides.get(id(storage))
         if known is not None and known[0] == side:
@@ -220,6 +221,20 @@ class Residency:
         if self.is_host(tensor) or not plain_dense(tensor) or self._compiling() or self._tracing():
             return tensor
         return self.copy(tensor.detach(), HOST, "Tensor.numpy(force=True)")
+
+    @contextlib.contextmanager
+    def in_place(self):
+        """Moves on this thread keep torch's answer, which is the tensor or storage itself: for
+        cudashim's own code that takes device memory to the host to work on it by address and
+        back (Triton's interpreter copies each argument's whole storage to the host and back at
+        every launch). Device memory is host memory, so the work is done in place, as CUDA's
+        kernel does it, without a copy the size of a KV cache at each launch."""
+        outer = self._local.in_place
+        self._local.in_place = True
+        try:
+            yield
+        finally:
+            self._local.in_place = outer
 
     # --- modules -------------------------------------------------------------------------
     @property

@@ -83,7 +83,7 @@ class Recorder(TorchDispatchMode):
     def __init__(self, target_type: str):
         super().__init__()
         self.target_type = target_type
-        self._opaque = 0                          # depth of OpaqueWork running: not recorded op by op
+        self._opaque = 0                          # depth of unrecorded work running (``unrecorded``)
         self.steps: List[Step] = []
         self.error: Optional[str] = None          # the capture rule a program broke
         self._made: set = set()                   # memory the capture allocated
@@ -119,17 +119,13 @@ class Recorder(TorchDispatchMode):
         return result
 
     def record_opaque(self, work: OpaqueWork, tensors) -> None:
-        """Run ``work`` once, its ops unrecorded, and record it as one step a replay runs again:
-        a Triton kernel run through its interpreter reads and writes memory by address, which
-        no op shows. It may write any of ``tensors`` (its arguments): those from before the
-        capture are saved first, as an op's written arguments are, and reading one on the host
-        afterwards waits for captured work."""
-        on_target = [tensor for tensor in tensors if self._on_target([tensor], {})]
-        for tensor in on_target:
-            self._save_before_first_write(tensor)
-        with self.unrecorded():
-            work()
-        self._written.update(storage_key(tensor) for tensor in on_target)
+        """Record ``work`` as one step a replay runs again: a Triton kernel run through its
+        interpreter reads and writes memory by address, which no op shows. It is not run now,
+        as CUDA's capture runs nothing: running it would mean saving every tensor it may write
+        (its arguments, ``tensors``) to give their values back when the capture ends, and an
+        inference engine hands its kernels views of a whole KV cache. Those on the target count
+        as written by the capture, so reading one on the host afterwards waits for captured work."""
+        self._written.update(storage_key(tensor) for tensor in tensors if self._on_target([tensor], {}))
         self.steps.append(Step(work, (), {}, (), (), True))
 
     @contextlib.contextmanager

@@ -27,6 +27,7 @@ cause is chained.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import sys
@@ -117,7 +118,8 @@ class Launches:
             self.run(*self.prepared(kernel, args, kwargs, grid))
             return
         # Inside a CUDA graph's capture: the probe and the grid are no work of the graph's, and
-        # the launch is recorded as one step, run again at every replay.
+        # the launch is recorded as one step, run at every replay (not now: CUDA's capture runs
+        # nothing).
         import torch
         from ...graphs.recording import OpaqueWork    # imported at the first capture, as the recorder
         with recording.unrecorded():
@@ -139,7 +141,10 @@ class Launches:
     def run(self, name, twin, args, kwargs, grid) -> None:
         """The kernel's interpreted twin run over ``grid``, counted in the report."""
         start = time.perf_counter()
-        with self._turn:
+        # The interpreter copies each argument's whole storage to the host and back; where device
+        # memory is host memory (``Residency``), it works on the storages themselves.
+        residency = self.activation.residency
+        with self._turn, (residency.in_place() if residency is not None else contextlib.nullcontext()):
             self._inside.depth = getattr(self._inside, "depth", 0) + 1
             try:
                 twin.run(*args, grid=grid, warmup=False, **kwargs)
