@@ -106,6 +106,53 @@ def test_tensors_from_before_the_capture_get_their_values_back_and_the_generator
     assert torch.equal(out, torch.full((3,), 2.0) + torch.rand(3))
 
 
+def test_in_place_writes_into_memory_from_before_the_capture_are_left_to_the_replays(shim):
+    """An inference engine's decoding step writes each token's keys into its cache in place:
+    the capture runs none of it (as CUDA's), so it copies no cache to give its values back; each
+    replay writes the rows at the positions of that replay. An in-place op that changes a
+    view's sizes still does so at capture, and one whose sizes do not fit fails there."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Clones(TorchDispatchMode):              # beneath the recorder: sees what it copies
+        sizes = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten.clone.default:
+                self.sizes.append(args[0].numel())
+            return func(*args, **(kwargs or {}))
+
+    cache = torch.zeros(2, 64, 32, device="cuda")             # keys and values, 64 positions
+    position = torch.tensor([0], device="cuda")
+    token = torch.ones(1, 32, device="cuda")
+    grown = torch.zeros(3, device="cuda")
+
+    def body():
+        cache[0].index_copy_(0, position, token)
+        cache[1][position] = token * 2                # index_put_
+        grown.unsqueeze_(0)
+        return cache.sum(1)
+
+    with Clones():
+        graph, sums = _capture(body)
+    assert all(size < 64 * 32 for size in Clones.sizes), Clones.sizes     # no layer of the cache
+    assert torch.equal(cache, torch.zeros(2, 64, 32))
+    assert grown.shape == (1, 3)
+    for step in (5, 9):
+        position.fill_(step)
+        token.fill_(step)
+        graph.replay()
+        assert torch.equal(cache[0, step], torch.full((32,), float(step)))
+        assert torch.equal(cache[1, step], torch.full((32,), 2.0 * step))
+    assert torch.equal(sums, cache.sum(1)) and int(cache.count_nonzero()) == 4 * 32
+
+    with pytest.raises(RuntimeError, match="doesn't match the broadcast shape"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            torch.zeros(4, device="cuda").add_(torch.ones(2, 4, device="cuda"))
+    with pytest.raises(RuntimeError, match="doesn't match the broadcast shape"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            grown.add_(torch.ones(2, 3, device="cuda"))
+
+
 @pytest.mark.parametrize("sync", [
     lambda x: x.sum().item(),
     lambda x: torch.nonzero(x),

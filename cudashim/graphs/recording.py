@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -63,6 +64,34 @@ def written_arguments(func, args, kwargs) -> List[torch.Tensor]:
     return written
 
 
+_METADATA_TAGS = tuple(tag for tag in (getattr(torch.Tag, "inplace_view", None),
+                                        getattr(torch.Tag, "nondeterministic_seeded", None)) if tag is not None)
+
+
+@functools.lru_cache(maxsize=None)
+def _in_place_on_values(func) -> bool:
+    """An in-place op (``add_``, ``index_copy_``, ``_foreach_mul_``): it writes its first argument,
+    nothing else (no ``out=``), and returns only what it wrote; not one that changes a tensor's
+    sizes or storage (``inplace_view``) or draws from a generator."""
+    schema = func._schema
+    if not schema.arguments or any(tag in func.tags for tag in _METADATA_TAGS):
+        return False
+    first, *others = schema.arguments
+    if first.alias_info is None or not first.alias_info.is_write \
+            or any(a.alias_info is not None and a.alias_info.is_write for a in others):
+        return False
+    return all(r.alias_info is not None and r.alias_info.is_write
+               and r.alias_info.before_set == first.alias_info.before_set for r in schema.returns)
+
+
+def _returned_unrun(func, args, kwargs):
+    """What an in-place op returns without being run (``_in_place_on_values``): its first
+    argument, once per return."""
+    first = args[0] if args else kwargs[func._schema.arguments[0].name]
+    returns = len(func._schema.returns)
+    return None if returns == 0 else first if returns == 1 else (first,) * returns
+
+
 class OpaqueWork:
     """Work the dispatcher does not see whole, recorded as one step: ``run()`` does it again."""
 
@@ -104,6 +133,10 @@ class Recorder(TorchDispatchMode):
             return func(*args, **kwargs)
         self._refuse_host_sync(func, args, kwargs, tensors)
         written = written_arguments(func, args, kwargs)
+        if written and self._left_to_the_replays(func, args, kwargs, written):
+            self._written.update(storage_key(t) for t in written)
+            self.steps.append(Step(func, args, kwargs, tuple(written), (False,) * len(written), True))
+            return _returned_unrun(func, args, kwargs)
         for tensor in written:
             self._save_before_first_write(tensor)
         for leaf in leaves:
@@ -117,6 +150,30 @@ class Recorder(TorchDispatchMode):
         self._written.update(storage_key(t) for t in written)
         self.steps.append(Step(func, args, kwargs, outputs, fresh, bool(written)))
         return result
+
+    def _left_to_the_replays(self, func, args, kwargs, written) -> bool:
+        """Whether an op writing into memory from before the capture is recorded without being
+        run now, as CUDA's capture runs nothing. Run, it would mean saving what it writes to
+        give it back when the capture ends: a whole KV cache, for an inference engine's
+        ``index_copy_`` or ``index_put_`` of a token's keys into it. Left are the in-place ops
+        on plain dense tensors whose only effect is on their values (not a view's shape,
+        ``unsqueeze_``, ``set_``; not a generator's state) and whose sizes torch's meta kernels
+        accept: an op that would fail runs now and fails as it would on CUDA."""
+        if not _in_place_on_values(func) \
+                or all(storage_key(tensor) in self._made for tensor in written) \
+                or any(tensor.__class__ is not torch.Tensor and tensor.__class__ is not torch.nn.Parameter
+                       or tensor.layout is not torch.strided for tensor in written):
+            return False
+        def on_meta(value):
+            if isinstance(value, torch.Tensor):
+                return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+            return value
+        try:
+            meta_args, meta_kwargs = pytree.tree_map(on_meta, (args, kwargs))
+            func(*meta_args, **meta_kwargs)
+        except Exception:         # no meta kernel, or an error the op raises when run
+            return False
+        return True
 
     def record_opaque(self, work: OpaqueWork, tensors) -> None:
         """Record ``work`` as one step a replay runs again: a Triton kernel run through its
