@@ -15,6 +15,8 @@ import statistics
 import sys
 
 import torch
+import triton
+import triton.language as tl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "tests", "programs"))
@@ -24,7 +26,22 @@ import triton_tutorials as kernels  # noqa: E402
 from measure import timed  # noqa: E402
 
 
+@triton.jit
+def _store_keys(key_ptr, cache_ptr, slot_ptr, D: tl.constexpr):
+    """An inference engine's key store: one program per token writes its row at its slot."""
+    token = tl.program_id(0)
+    offsets = tl.arange(0, D)
+    tl.store(cache_ptr + tl.load(slot_ptr + token) * D + offsets, tl.load(key_ptr + token * D + offsets))
+
+
 def rows():
+    # Launched on one layer's view of a cache allocated for all layers, as engines do: the work
+    # is 4 rows, whatever the cache's size.
+    cache = torch.zeros(2, 8, 4096, 2048, device="cuda", dtype=torch.float16)      # 256 MiB
+    layer, keys = cache[0, 3].view(-1, 128), torch.randn(4, 128, device="cuda", dtype=torch.float16)
+    slots = torch.tensor([5, 900, 17000, 65000], device="cuda")
+    yield ("key store, 4 rows of 128 float16 into one layer of a 256 MiB cache",
+           lambda: _store_keys[(4,)](keys, layer, slots, 128), lambda: layer.index_copy_(0, slots, keys))
     x, y = torch.rand(2**16, device="cuda"), torch.rand(2**16, device="cuda")
     yield "elementwise (a*x + y), 65536 float32", lambda: kernels.axpy(0.5, x, y), lambda: 0.5 * x + y
     rows_ = torch.randn(256, 512, device="cuda")
