@@ -10,6 +10,7 @@ import textwrap
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import python
 
@@ -255,12 +256,25 @@ def test_the_attention_and_normalization_stand_ins_replay_in_a_cuda_graph(shim):
             close(ours, eager)
 
 
-@pytest.mark.parametrize("layout", ["contiguous", "paged, rotary, alibi"])
+class _LargestResult(TorchDispatchMode):
+    """The most elements any op's result had while it was entered."""
+    elements = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        for tensor in torch.utils._pytree.tree_leaves(result):
+            if isinstance(tensor, torch.Tensor):
+                self.elements = max(self.elements, tensor.numel())
+        return result
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "paged, rotary, alibi, log-sum-exp"])
 def test_a_decoding_step_captured_in_a_cuda_graph_replays_with_the_cache_lengths_moved_on(shim, layout):
     """flash_attn_with_kvcache in a decoding step captured once (flash_attn's own generation with
     ``cg=True``): the program moves ``cache_seqlens`` on in place between replays, and each replay
-    writes the new keys at the new lengths and attends as an eager call on the same cache does.
-    The capture reads no length on the host."""
+    writes the new keys at the new lengths and attends as an eager call on the same cache does,
+    over the keys each sequence has: no op of a replay makes more than the eager call's ops, where
+    attending over the whole cache would. The capture reads no length on the host."""
     from flash_attn import flash_attn_with_kvcache
     torch.manual_seed(5)
     paged = layout != "contiguous"
@@ -270,9 +284,9 @@ def test_a_decoding_step_captured_in_a_cuda_graph_replays_with_the_cache_lengths
         angles = torch.outer(torch.arange(16.0), 1.0 / 10000 ** (torch.arange(0, 4, 2) / 4))
         options.update(block_table=torch.tensor([[3, 0], [5, 1]], dtype=torch.int32).cuda(),
                        rotary_cos=angles.cos().cuda(), rotary_sin=angles.sin().cuda(),
-                       alibi_slopes=torch.tensor([0.5, 0.25, 0.1, 0.05]).cuda())
+                       alibi_slopes=torch.tensor([0.5, 0.25, 0.1, 0.05]).cuda(), return_softmax_lse=True)
     else:
-        k_cache, v_cache = torch.randn(2, 8, 2, 8), torch.randn(2, 8, 2, 8)
+        k_cache, v_cache = torch.randn(2, 64, 2, 8), torch.randn(2, 64, 2, 8)
     k_cache, v_cache = k_cache.cuda(), v_cache.cuda()
     q, k, v = torch.randn(2, 1, 4, 8).cuda(), torch.randn(2, 1, 2, 8).cuda(), torch.randn(2, 1, 2, 8).cuda()
     lengths = torch.tensor([2, 4], dtype=torch.int32).cuda()
@@ -285,46 +299,33 @@ def test_a_decoding_step_captured_in_a_cuda_graph_replays_with_the_cache_lengths
                 tensor.copy_(torch.randn_like(tensor))
             lengths.add_(1)
             caches = k_cache.clone(), v_cache.clone()
-            eager = flash_attn_with_kvcache(q, *caches, k, v, cache_seqlens=lengths, **options)
-            graph.replay()
-            close(out, eager)
+            with _LargestResult() as eager_ops:
+                eager = flash_attn_with_kvcache(q, *caches, k, v, cache_seqlens=lengths, **options)
+            with _LargestResult() as replayed_ops:
+                graph.replay()
+            for ours, theirs in zip(*((result,) if not paged else result for result in (out, eager))):
+                close(ours, theirs)
             assert torch.equal(k_cache, caches[0]) and torch.equal(v_cache, caches[1])
+            assert replayed_ops.elements <= eager_ops.elements, (replayed_ops.elements, eager_ops.elements)
 
 
-def test_flash_attn_with_kvcache_on_the_device_computes_what_the_eager_path_computes(shim):
-    """What a capture runs of flash_attn_with_kvcache (lengths, rows and left padding read on the
-    device, the whole cache masked) writes the same cache and returns the same output and
-    log-sum-exp as the eager path (each sequence's keys sliced on the host), for every
-    combination of a paged cache, rotary embeddings, causal, a local window, ALiBi, the
-    log-sum-exp, cache_batch_idx and cache_leftpad."""
-    import itertools
-    from flash_attn import flash_attn_interface, flash_attn_with_kvcache
-    torch.manual_seed(6)
-    angles = torch.outer(torch.arange(16.0), 1.0 / 10000 ** (torch.arange(0, 4, 2) / 4))
-    for paged, rotary, causal, window, alibi, lse, rows, leftpad in itertools.product(
-            (False, True), (False, True), (False, True), ((-1, -1), (2, 0)), (False, True), (False, True),
-            (False, True), (False, True)):
-        if paged and (rows or leftpad):
-            continue                                   # flash_attn takes neither with a block table
-        shape = (6, 4, 2, 8) if paged else (3, 8, 2, 8)
-        k_cache, v_cache = torch.randn(shape), torch.randn(shape)
-        q, k, v = torch.randn(2, 2, 4, 8), torch.randn(2, 2, 2, 8), torch.randn(2, 2, 2, 8)
-        given = {"cache_seqlens": torch.tensor([3, 5], dtype=torch.int32), "causal": causal,
-                 "window_size": window, "return_softmax_lse": lse,
-                 "block_table": torch.tensor([[3, 0], [5, 1]], dtype=torch.int32) if paged else None,
-                 "rotary_cos": angles.cos() if rotary else None, "rotary_sin": angles.sin() if rotary else None,
-                 "alibi_slopes": torch.tensor([0.5, 0.25, 0.1, 0.05]) if alibi else None,
-                 "cache_batch_idx": torch.tensor([2, 0], dtype=torch.int32) if rows else None,
-                 "cache_leftpad": torch.tensor([1, 0], dtype=torch.int32) if leftpad else None}
-        eager_caches, device_caches = (k_cache.clone(), v_cache.clone()), (k_cache.clone(), v_cache.clone())
-        eager = flash_attn_with_kvcache(q, *eager_caches, k, v, **given)
-        on_the_device = flash_attn_interface._with_kvcache_on_the_device(
-            q, *device_caches, k, v, given["rotary_cos"], given["rotary_sin"], given["cache_seqlens"],
-            given["cache_batch_idx"], given["cache_leftpad"], given["block_table"], None, causal, window, 0.0,
-            True, given["alibi_slopes"], lse)
-        assert all(map(torch.equal, eager_caches, device_caches))
-        for ours, theirs in zip(*((result,) if not lse else result for result in (on_the_device, eager))):
-            close(ours, theirs)
+def test_a_variable_length_call_captured_in_a_cuda_graph_replays_with_each_replays_boundaries(shim):
+    """flash_attn_varlen_func in a captured step (an engine's decoding over a batch of sequences
+    packed end to end): each replay attends within the boundaries the program wrote into
+    ``cu_seqlens`` before it, as an eager call does; the capture reads none of them on the host."""
+    from flash_attn import flash_attn_varlen_func
+    torch.manual_seed(7)
+    q, k, v = torch.randn(10, 4, 8).cuda(), torch.randn(10, 2, 8).cuda(), torch.randn(10, 2, 8).cuda()
+    bounds = torch.tensor([0, 3, 10], dtype=torch.int32).cuda()
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad():
+        with torch.cuda.graph(graph):
+            out = flash_attn_varlen_func(q, k, v, bounds, bounds, 10, 10, causal=True)
+        for given in ([0, 6, 10], [0, 1, 10], [0, 3, 10]):
+            bounds.copy_(torch.tensor(given, dtype=torch.int32))
+            q.copy_(torch.randn_like(q))
+            graph.replay()
+            close(out, flash_attn_varlen_func(q, k, v, bounds, bounds, 10, 10, causal=True))
 
 
 def test_flash_attn_rotary_matches_the_definition(shim):

@@ -73,14 +73,12 @@ def alibi_bias(slopes: torch.Tensor, seqlen_q: int, seqlen_k: int) -> torch.Tens
 def attention(q, k, v, *, scale: Optional[float] = None, causal: bool = False,
               window: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
               bias: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
-              need_weights: bool = False, top_left: bool = False, seen: Optional[torch.Tensor] = None):
+              need_weights: bool = False, top_left: bool = False):
     """Attention over (batch, seqlen, heads, headdim) tensors.
 
     ``bias`` is added to the scores, broadcast to (batch, heads, seqlen_q, seqlen_k);
     ``top_left`` aligns the causal mask and window to the top left (xformers'
-    ``LowerTriangularMask``) instead of flash attention's bottom right. ``seen``: the keys each
-    query row sees, (batch, seqlen_q, seqlen_k), in place of the mask the sizes, ``causal`` and
-    ``window`` give (a KV cache whose lengths are held on the device). Returns the output, or
+    ``LowerTriangularMask``) instead of flash attention's bottom right. Returns the output, or
     (output, log-sum-exp (batch, heads, seqlen_q) in float32, probabilities) when ``need_weights``.
     """
     batch, seqlen_q, heads, headdim = q.shape
@@ -90,15 +88,10 @@ def attention(q, k, v, *, scale: Optional[float] = None, causal: bool = False,
                            f"of heads in query ({heads})")
     scale = 1.0 / math.sqrt(headdim) if scale is None else scale
     blind_rows = None
-    if seen is not None:                                   # rows without a key found on the device
-        seen = seen.unsqueeze(1)                            # one mask for every head
-        blind_rows = ~seen.any(dim=-1)
-        seen = seen | blind_rows.unsqueeze(-1)              # computed, then zeroed below
-    else:
-        seen = visibility(seqlen_q, seqlen_k, causal, window, q.device, top_left)
-        if seen is not None and sees_no_key_somewhere(seqlen_q, seqlen_k, causal, window, top_left):
-            blind_rows = ~seen.any(dim=-1)                 # rows that see no key at all
-            seen = seen | blind_rows.unsqueeze(-1)
+    seen = visibility(seqlen_q, seqlen_k, causal, window, q.device, top_left)
+    if seen is not None and sees_no_key_somewhere(seqlen_q, seqlen_k, causal, window, top_left):
+        blind_rows = ~seen.any(dim=-1)                     # rows that see no key at all
+        seen = seen | blind_rows.unsqueeze(-1)
     if alibi_slopes is not None:
         alibi = alibi_bias(alibi_slopes, seqlen_q, seqlen_k)
         bias = alibi if bias is None else bias + alibi

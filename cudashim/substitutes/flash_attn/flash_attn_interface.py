@@ -3,9 +3,14 @@
 Signatures are FlashAttention 2's, parameter for parameter: transformers reads them with
 ``inspect.signature`` to decide which options to pass. ``deterministic`` and ``num_splits``
 choose between CUDA kernels and change nothing here. Variable-length calls (``varlen``) run
-one sequence at a time, their boundaries read on the host (so a CUDA graph cannot capture
-them); ``block_table`` (a paged KV cache) is read block by block. ``flash_attn_with_kvcache``
-inside a CUDA graph's capture reads its lengths on the device only.
+one sequence at a time, their boundaries read on the host; ``block_table`` (a paged KV cache) is
+read block by block; ``flash_attn_with_kvcache`` slices each sequence's keys by its length.
+
+Inside a CUDA graph's capture, which forbids reading a value on the host: where cudashim records
+the graph, a variable-length call or ``flash_attn_with_kvcache`` is recorded as one step that each
+replay runs as an eager call, reading that replay's lengths, into outputs the capture allocates
+(``_recorded_for_the_replays``), so a replay attends over the keys each sequence has, as CUDA's
+kernel does, not over the whole cache.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from typing import Optional, Union
 
 import torch
 
-from cudashim.graphs.graph import capturing_here
+from cudashim.graphs.graph import recording_here
 from cudashim.substitutes._attention import attention
 from .layers.rotary import rotate
 
@@ -105,9 +110,16 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     """q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim), or paged caches
     (num_blocks, block_size, nheads_k, headdim) with ``block_table``; cu_seqlens_*:
     (batch + 1,) int32 cumulative lengths. softmax_lse is (nheads, total_q)."""
-    return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
-                   softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
-                   block_table)
+    def computed():
+        return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                       softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
+                       block_table)
+    recording = recording_here()
+    if recording is not None and not return_attn_probs and not dropout_p:
+        out = q.new_empty(q.shape[0], q.shape[1], v.shape[-1])
+        _recorded_for_the_replays(recording, "flash_attn_varlen_func", computed, (out,), ())
+        return out
+    return computed()
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
@@ -158,11 +170,38 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     """
     if (k is None) != (v is None):
         raise ValueError("flash_attn_with_kvcache: give both k and v, or neither")
-    if capturing_here():
-        return _with_kvcache_on_the_device(
-            q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
-            block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes,
-            return_softmax_lse)
+    arguments = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
+                 block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes,
+                 return_softmax_lse)
+    recording = recording_here()
+    if recording is not None:
+        out = q.new_empty(*q.shape[:-1], v_cache.shape[-1])
+        outputs = (out, q.new_empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32)) \
+            if return_softmax_lse else (out,)
+        _recorded_for_the_replays(recording, "flash_attn_with_kvcache",
+                                  lambda: _with_kvcache_eagerly(*arguments), outputs, (k_cache, v_cache))
+        return outputs if return_softmax_lse else out
+    return _with_kvcache_eagerly(*arguments)
+
+
+def _recorded_for_the_replays(recording, name: str, computed, outputs, written) -> None:
+    """Record ``computed()``, an eager call that reads lengths or boundaries on the host, as one
+    step of the capture ``recording`` that each replay runs, its results copied into ``outputs``
+    (allocated by the capture, as CUDA's kernel writes into memory the capture allocated).
+    ``written``: what it writes in place (a KV cache). Not run now: CUDA's capture runs nothing."""
+    from cudashim.graphs.recording import OpaqueWork
+
+    def replayed():
+        results = computed()
+        for output, result in zip(outputs, results if isinstance(results, tuple) else (results,)):
+            output.copy_(result)
+    recording.record_opaque(OpaqueWork(name, replayed), written)
+
+
+def _with_kvcache_eagerly(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                          cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
+                          rotary_interleaved, alibi_slopes, return_softmax_lse):
+    """``flash_attn_with_kvcache``, each sequence's keys sliced by its length read on the host."""
     batch, seqlen_q = q.shape[0], q.shape[1]
     seqlen_new = 0 if k is None else k.shape[1]
     paged = block_table is not None
@@ -208,70 +247,6 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             outs.append(result)
     out = torch.cat(outs)
     return (out, torch.cat(lses)) if return_softmax_lse else out
-
-
-def _with_kvcache_on_the_device(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                                cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
-                                window_size, softcap, rotary_interleaved, alibi_slopes, return_softmax_lse):
-    """``flash_attn_with_kvcache`` with the cache's lengths, rows and left padding read on the
-    device only, for a call a CUDA graph captures: a decoding step captured once and replayed
-    with its lengths moved on (flash_attn's own generation with ``cg=True``) reads no value on
-    the host, which a capture forbids. Each query attends over the whole cache, the positions
-    outside its sequence masked, where the eager path slices each sequence's keys. As on CUDA,
-    keys written past the cache's end are not checked."""
-    batch, seqlen_q = q.shape[0], q.shape[1]
-    seqlen_new = 0 if k is None else k.shape[1]
-    device = q.device
-    block_size = k_cache.shape[1]
-    capacity = block_table.shape[1] * block_size if block_table is not None else k_cache.shape[1]
-
-    def each(value, default):
-        """(batch,) positions on the device from an int, a tensor of one or of one a sequence."""
-        if value is None or isinstance(value, int):
-            return torch.full((batch,), default if value is None else value, dtype=torch.long, device=device)
-        return value.to(device=device, dtype=torch.long).expand(batch)
-    lengths = each(cache_seqlens, capacity if k is None else 0)
-    rows = torch.arange(batch, device=device) if cache_batch_idx is None else each(cache_batch_idx, 0)
-    starts = each(cache_leftpad, 0)
-    ends = lengths + seqlen_new
-    if rotary_cos is not None:
-        first = (lengths - starts).unsqueeze(1)
-        local = tuple(window_size) != _NO_WINDOW
-        q_positions = first + torch.arange(seqlen_q, device=device) if causal or local \
-            else first.expand(batch, seqlen_q)
-        q = rotate(q, rotary_cos, rotary_sin, q_positions, rotary_interleaved)
-    if k is not None:
-        positions = lengths.unsqueeze(1) + torch.arange(seqlen_new, device=device)      # (batch, new)
-        if rotary_cos is not None:
-            k = rotate(k, rotary_cos, rotary_sin, positions - starts.unsqueeze(1), rotary_interleaved)
-        if block_table is None:
-            at = (rows.unsqueeze(1), positions)
-        else:
-            at = (block_table.long().gather(1, positions // block_size), positions % block_size)
-        k_cache[at] = k
-        v_cache[at] = v
-    if block_table is None:
-        keys, values = k_cache[rows], v_cache[rows]
-    else:
-        keys, values = (cache[block_table.long()].flatten(1, 2) for cache in (k_cache, v_cache))
-    key_at = torch.arange(capacity, device=device)
-    query_at = (ends.unsqueeze(1) - seqlen_q + torch.arange(seqlen_q, device=device)).unsqueeze(-1)
-    seen = (key_at >= starts[:, None, None]) & (key_at < ends[:, None, None])
-    left, right = window_size
-    if causal:
-        right = 0
-    if right >= 0:
-        seen = seen & (key_at <= query_at + right)
-    if left >= 0:
-        seen = seen & (key_at >= query_at - left)
-    bias = None
-    if alibi_slopes is not None:
-        slopes = alibi_slopes.float()
-        slopes = slopes.unsqueeze(0) if slopes.dim() == 1 else slopes                    # (batch or 1, heads)
-        bias = -slopes[:, :, None, None] * (query_at - key_at).abs().float().unsqueeze(1)
-    result = attention(q, keys, values, scale=softmax_scale, softcap=softcap, bias=bias,
-                       need_weights=return_softmax_lse, seen=seen.expand(batch, seqlen_q, capacity))
-    return result[:2] if return_softmax_lse else result
 
 
 def _write(k_cache, v_cache, k, v, row: int, at: int, blocks) -> None:
