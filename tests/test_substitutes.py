@@ -309,6 +309,29 @@ def test_a_decoding_step_captured_in_a_cuda_graph_replays_with_the_cache_lengths
             assert replayed_ops.elements <= eager_ops.elements, (replayed_ops.elements, eager_ops.elements)
 
 
+def test_a_paged_cache_is_read_only_as_far_as_each_sequence_has_grown(shim):
+    """An engine's block table lists every block a sequence may grow into: a call gathers the
+    blocks its keys fill, not the table's whole width, and attends as over a table listing only
+    those (decoding with the cache, and variable-length prefill over it)."""
+    from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
+    torch.manual_seed(8)
+    k_cache, v_cache = torch.randn(64, 16, 2, 8).cuda(), torch.randn(64, 16, 2, 8).cuda()
+    table = torch.randperm(64, dtype=torch.int32).view(2, 32).cuda()       # 512 positions a sequence
+    q = torch.randn(2, 1, 4, 8).cuda()
+    lengths = torch.tensor([5, 20], dtype=torch.int32).cuda()
+    with _LargestResult() as ops:
+        out = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, block_table=table)
+    close(out, flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, block_table=table[:, :2]))
+    assert ops.elements <= 2 * 16 * 2 * 8, ops.elements           # two blocks of keys at most
+    bounds, q_packed = torch.tensor([0, 5, 25], dtype=torch.int32).cuda(), torch.randn(25, 4, 8).cuda()
+    with _LargestResult() as ops:
+        out = flash_attn_varlen_func(q_packed, k_cache, v_cache, bounds, bounds, 20, 20, causal=True,
+                                     block_table=table)
+    close(out, flash_attn_varlen_func(q_packed, k_cache, v_cache, bounds, bounds, 20, 20, causal=True,
+                                      block_table=table[:, :2]))
+    assert ops.elements <= max(2 * 16 * 2 * 8, out.numel()), ops.elements     # or the output
+
+
 def test_a_variable_length_call_captured_in_a_cuda_graph_replays_with_each_replays_boundaries(shim):
     """flash_attn_varlen_func in a captured step (an engine's decoding over a batch of sequences
     packed end to end): each replay attends within the boundaries the program wrote into

@@ -67,8 +67,10 @@ def _bounds(cu_seqlens) -> list:
 
 def _paged(cache, blocks, length):
     """The first ``length`` rows of a paged cache (num_blocks, block_size, heads, headdim)
-    listed by ``blocks``."""
-    return cache[blocks.long()].flatten(0, 1)[:length]
+    listed by ``blocks``: only the blocks they fill are gathered, not every block the table
+    lists for the sequence (the most it may grow to)."""
+    used = -(-length // cache.shape[1])
+    return cache[blocks[:used].long()].flatten(0, 1)[:length]
 
 
 def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
