@@ -241,7 +241,10 @@ class PrecisionPolicy:
             lines.append("  conv3d layers in bfloat16: " + (
                 "as conv2d's" if why_not is None else f"weights kept in torch's layout ({why_not})"))
             why_not = packed_convolution.transposed_unavailable()
-            lines.append("  conv_transpose2d layers in bfloat16: " + (
+            lines.append("  conv_transpose1d and conv_transpose2d layers in bfloat16: " + (
+                "as conv2d's" if why_not is None else f"weights kept in torch's layout ({why_not})"))
+            why_not = packed_convolution.volumetric_transposed_unavailable()
+            lines.append("  conv_transpose3d layers in bfloat16: " + (
                 "as conv2d's" if why_not is None else f"weights kept in torch's layout ({why_not})"))
             why_not = packed_encoder_layer.unavailable()
             lines.append("  fused attention layers in bfloat16 (nn.TransformerEncoderLayer, nn.MultiheadAttention): " + (

@@ -89,9 +89,9 @@ NAMES: Dict[str, Name] = {name.path: name for name in (
        "reorders at every call, and their activations are converted and permuted in torch's two "
        "passes each way, as in a bfloat16 port"),
     *(_n(path, "precision", FALLBACK,
-         "float16 conv_transpose2d layers computed in bfloat16 keep a plain copy of their weight, "
-         "which oneDNN reorders at every call, and their activations are converted and permuted "
-         "in torch's two passes each way, as in a bfloat16 port")
+         "float16 conv_transpose1d, conv_transpose2d and conv_transpose3d layers computed in bfloat16 "
+         "keep a plain copy of their weight, which oneDNN reorders at every call, and their "
+         "activations are converted and permuted in torch's two passes each way, as in a bfloat16 port")
       for path in ("torch.ops.mkldnn._reorder_convolution_transpose_weight",
                    "torch.ops.mkldnn._convolution_transpose_pointwise")),
     _n("torch._VF", "precision", FALLBACK,

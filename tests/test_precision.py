@@ -687,6 +687,7 @@ def _convolutions_counted(monkeypatch, transposed=False):
     assert packed_convolution.unavailable() is None
     assert packed_convolution.volumetric_unavailable() is None
     assert packed_convolution.transposed_unavailable() is None
+    assert packed_convolution.volumetric_transposed_unavailable() is None
     counts = _Counts(packed=0, computed=0)
     pack_name, convolution_name = ("pack_transposed", "convolution_transposed") if transposed \
         else ("pack", "convolution")
@@ -895,6 +896,72 @@ def test_a_conv_transpose2d_layer_in_bfloat16_packs_its_weight_and_lays_out_its_
     assert counts.results_at[:3] == [([1, 1], [0, 0], [2, 2], [1, 1], 1), ([1, 1], [0, 0], [1, 1], [2, 2], 3),
                                      ([1, 1], [1, 1], [2, 2], [1, 1], 1)]
     assert _counted("torch.nn.functional.conv_transpose2d") == "float16 computed in bfloat16"
+
+
+def test_a_conv_transpose1d_layer_in_bfloat16_packs_its_weight_as_one_of_height_one(speeds, monkeypatch):
+    """A float16 conv_transpose1d computed in bfloat16 (a vocoder's upsampling: HiFi-GAN's, BigVGAN's)
+    is packed as a conv_transpose2d of height one: its weight packed once, for its arguments, and
+    its result dense and contiguous as cuDNN returns a 1-D convolution's, from a contiguous input
+    or one transposed from (batch, position, channel), holding torch's bfloat16 conv_transpose1d
+    rounded to float16, for the forms nn.ConvTranspose1d calls (stride, output padding, an output
+    size, groups, dilation). An unbatched input is torch's own."""
+    counts = _convolutions_counted(monkeypatch, transposed=True)
+    torch.manual_seed(8)
+    layers = {"upsampling": torch.nn.ConvTranspose1d(6, 8, 16, stride=8, padding=4),
+              "grouped, dilated": torch.nn.ConvTranspose1d(6, 9, 3, padding=1, groups=3, dilation=2, bias=False),
+              "output padding": torch.nn.ConvTranspose1d(6, 8, 3, stride=2, padding=1, output_padding=1)}
+    layers = {name: layer.half().eval() for name, layer in layers.items()}
+    inputs = {"upsampling": torch.randn(2, 6, 9).half(), "grouped, dilated": torch.randn(2, 6, 13).half(),
+              "output padding": torch.randn(2, 11, 6).half().transpose(1, 2)}
+    by_hand = {name: _layer_in_bfloat16(layer, inputs[name]).contiguous() for name, layer in layers.items()}
+    upsampling = layers["upsampling"]
+    sized = _by_hand_in_bfloat16(lambda *t: upsampling.bfloat16()(*t, output_size=[73]), inputs["upsampling"])
+    upsampling.half()
+    unbatched = _layer_in_bfloat16(upsampling, inputs["upsampling"][0])
+    _bfloat16_products(speeds)
+    with torch.no_grad():
+        for name, layer in layers.items():
+            for _ in range(2):
+                _close_to_bfloat16s(layer(inputs[name]), by_hand[name])
+        assert counts == {"packed": 3, "computed": 6}
+        assert counts.results_at == [([0, 4], [0, 0], [1, 8], [1, 1], 1), ([0, 1], [0, 0], [1, 1], [1, 2], 3),
+                                     ([0, 1], [0, 1], [1, 2], [1, 1], 1)]
+        _close_to_bfloat16s(upsampling(inputs["upsampling"], output_size=[73]), sized)
+        assert counts["packed"] == 4 and counts.results_at[-1][1] == [0, 1]
+        assert torch.equal(upsampling(inputs["upsampling"][0]), unbatched)
+        assert counts == {"packed": 4, "computed": 7}
+    assert _counted("torch.nn.functional.conv_transpose1d") == "float16 computed in bfloat16"
+
+
+def test_a_conv_transpose3d_layer_in_bfloat16_packs_its_weight_and_lays_out_its_result_as_cuda_does(
+        speeds, monkeypatch):
+    """A float16 conv_transpose3d computed in bfloat16 (a volumetric U-Net's decoder) reads its
+    weight packed once for oneDNN's 3-D transposed convolution of its arguments; its result holds
+    torch's bfloat16 conv_transpose3d rounded to float16, channel-first from a channel-first input
+    and channels-last from a channels-last one, as CUDA lays it out."""
+    counts = _convolutions_counted(monkeypatch, transposed=True)
+    torch.manual_seed(9)
+    layers = {"upsampling": torch.nn.ConvTranspose3d(4, 8, 2, stride=2),
+              "grouped, output padding": torch.nn.ConvTranspose3d(4, 6, 3, stride=(1, 2, 2), padding=1,
+                                                                  output_padding=(0, 1, 1), groups=2, bias=False)}
+    layers = {name: layer.half().eval() for name, layer in layers.items()}
+    x = torch.randn(2, 4, 3, 5, 4).half()
+    channels_last = x.contiguous(memory_format=torch.channels_last_3d)
+    by_hand = {name: _layer_in_bfloat16(layer, x) for name, layer in layers.items()}
+    by_hand_last = _layer_in_bfloat16(layers["upsampling"], channels_last)
+    _bfloat16_products(speeds)
+    with torch.no_grad():
+        for name, layer in layers.items():
+            for _ in range(2):
+                _close_to_bfloat16s(layer(x), by_hand[name])
+        assert counts == {"packed": 2, "computed": 4}
+        ours = layers["upsampling"](channels_last)
+        assert ours.is_contiguous(memory_format=torch.channels_last_3d) and not ours.is_contiguous()
+        _close_to_bfloat16s(ours, by_hand_last)
+        assert counts == {"packed": 2, "computed": 5}
+    assert counts.results_at == [([0, 0, 0], [0, 0, 0], [2, 2, 2], [1, 1, 1], 1),
+                                 ([1, 1, 1], [0, 1, 1], [1, 2, 2], [1, 1, 1], 2)]
+    assert _counted("torch.nn.functional.conv_transpose3d") == "float16 computed in bfloat16"
 
 
 @pytest.mark.parametrize("faster", ["packed", "plain"])

@@ -767,29 +767,34 @@ def _on_scratch(x, compute):
     return NotImplemented if result is None else result
 
 
-# torch.conv_transpose2d is not replaced by the policy (nn.ConvTranspose2d calls the functional).
-_PACKED_TRANSPOSED_CONVOLUTIONS = frozenset({(F, "conv_transpose2d")})
+# torch.conv_transpose1d/2d/3d are not replaced by the policy (nn.ConvTranspose1d/2d/3d call the
+# functionals).
+_PACKED_TRANSPOSED_CONVOLUTIONS = frozenset(
+    {(F, name) for name in ("conv_transpose1d", "conv_transpose2d", "conv_transpose3d")})
 _TRANSPOSED_CONVOLUTION_PARAMETERS = ("input", "weight", "bias", "stride", "padding", "output_padding",
                                       "groups", "dilation")
 
 
 def _transposed_convolution_arguments(args, kwargs):
-    """A ``conv_transpose2d`` call's (input, weight, bias, padding, output_padding, stride,
-    dilation, groups), the sizes as lists of two, or None where a size is no integer or pair of
-    them, or the call is one torch would refuse (its own message then)."""
+    """A batched ``conv_transpose1d``, ``conv_transpose2d`` or ``conv_transpose3d`` call's (input,
+    weight, bias, padding, output_padding, stride, dilation, groups), the sizes as lists of one per
+    spatial dimension (the weight's), or None where a size is no integer or tuple of them, the
+    input is unbatched, or the call is one torch would refuse (its own message then)."""
     if len(args) > len(_TRANSPOSED_CONVOLUTION_PARAMETERS) \
             or not kwargs.keys() <= set(_TRANSPOSED_CONVOLUTION_PARAMETERS[len(args):]):
         return None
     given = dict(zip(_TRANSPOSED_CONVOLUTION_PARAMETERS, args), **kwargs)
     x, weight = given.get("input"), given.get("weight")
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 4 or not isinstance(x, torch.Tensor) \
-            or x.dim() != 4:
+    if not isinstance(weight, torch.Tensor) or weight.dim() not in (3, 4, 5) or not isinstance(x, torch.Tensor) \
+            or x.dim() != weight.dim():
         return None
+    dimensions = weight.dim() - 2
     sizes = []
     for name, default in (("padding", 0), ("output_padding", 0), ("stride", 1), ("dilation", 1)):
         value = given.get(name, default)
-        each = [value] * 2 if type(value) is int else list(value) if isinstance(value, (tuple, list)) else None
-        if each is None or len(each) != 2 or not all(type(size) is int for size in each):
+        each = [value] * dimensions if type(value) is int \
+            else list(value) if isinstance(value, (tuple, list)) else None
+        if each is None or len(each) != dimensions or not all(type(size) is int for size in each):
             return None
         sizes.append(each)
     padding, output_padding, stride, dilation = sizes
@@ -805,10 +810,12 @@ def _transposed_convolution_arguments(args, kwargs):
 
 
 def _on_packed_transposed_convolution(original, at_once, cache, args, kwargs):
-    """A float16 ``conv_transpose2d`` computed in bfloat16 on its weight packed for oneDNN's
-    channels-last kernels and kept, as ``_on_packed_convolution`` computes a ``conv2d``
-    (``kernels.packed_convolution.convolution_transposed``). NotImplemented, with nothing
-    converted, where that leaves a conv2d to the general path, or a size is not two integers."""
+    """A float16 ``conv_transpose2d`` or ``conv_transpose3d`` computed in bfloat16 on its weight
+    packed for oneDNN's channels-last kernels and kept, as ``_on_packed_convolution`` computes a
+    ``conv2d`` (``kernels.packed_convolution.convolution_transposed``); a ``conv_transpose1d`` as
+    one of height one, its result contiguous, as ``_on_packed_convolution`` computes a ``conv1d``.
+    NotImplemented, with nothing converted, where that leaves a convolution to the general path,
+    or a size is not one integer per spatial dimension."""
     arguments = _transposed_convolution_arguments(args, kwargs)
     if arguments is None:
         return NotImplemented
@@ -819,8 +826,17 @@ def _on_packed_transposed_convolution(original, at_once, cache, args, kwargs):
             or (bias is not None and (bias.__class__ not in _PLAIN or bias.dtype is not HALF or not bias.is_cpu
                                       or bias.shape != (weight.shape[1] * groups,))):
         return NotImplemented
-    input_layout, weight_layout = packed_convolution.laid_out(x), packed_convolution.laid_out(weight)
-    if input_layout is None or weight_layout is None or not packed_convolution.transposed_usable() \
+    one_dimensional = x.dim() == 3
+    if one_dimensional:                             # a conv_transpose2d of height one
+        x, weight_layout = x.unsqueeze(2), packed_convolution.laid_out(weight.unsqueeze(2))
+        padding, output_padding, stride, dilation = [0, *padding], [0, *output_padding], [1, *stride], \
+            [1, *dilation]
+    else:
+        weight_layout = packed_convolution.laid_out(weight)
+    input_layout = packed_convolution.laid_out(x)
+    usable = packed_convolution.volumetric_transposed_usable if x.dim() == 5 \
+        else packed_convolution.transposed_usable
+    if input_layout is None or weight_layout is None or not usable() \
             or torch.compiler.is_compiling() or torch.jit.is_tracing():
         return NotImplemented
 
@@ -832,8 +848,8 @@ def _on_packed_transposed_convolution(original, at_once, cache, args, kwargs):
         wide_bias = None if bias is None \
             else cache.widen(bias, torch.bfloat16, copies=cache.packed_convolutions.copies)
         return _on_scratch(x, lambda borrowed: packed_convolution.convolution_transposed(
-            x, packed, wide_bias, padding, output_padding, stride, dilation, groups, input_layout or weight_layout,
-            borrowed))
+            x, packed, wide_bias, padding, output_padding, stride, dilation, groups,
+            not one_dimensional and (input_layout or weight_layout), borrowed, squeezed=one_dimensional))
     kind = ("transposed convolution", tuple(weight.shape), tuple(padding), tuple(output_padding), tuple(stride),
             tuple(dilation), groups, input_layout, weight_layout, _size_class(x))
     return _on_the_faster_form(kind, on_packed_weight, (weight, bias), original, at_once, cache, args, kwargs)
