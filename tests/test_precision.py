@@ -2273,6 +2273,82 @@ def test_a_power_timed_faster_in_float32_is_computed_there_by_every_name_it_is_c
                for name, function in own.items())
 
 
+def test_argmax_argmin_and_max_pool1d_timed_faster_in_float32_keep_their_indices(speeds):
+    """Greedy decoding's argmax over float16 logits, argmin, and a 1-D convnet's max_pool1d, where
+    the host timed them faster in float32: each name they are called by computes there, and the
+    indices are the float16 call's own (int64, ties to the first index), values rounded once
+    where there are values (max_pool1d's, with its indices where asked for); gradients flow back
+    in float16; deactivation gives torch's own back."""
+    import cudashim
+    from cudashim.precision import FLOAT32
+    torch.manual_seed(3)
+    logits = torch.randn(4, 50).half()
+    logits[1, 7] = logits[1, 30] = logits[1].max() + 1        # a tie: the first index wins
+    signal = torch.randn(2, 3, 17).half()
+    own = {name: vars(torch.Tensor).get(name, getattr(torch.Tensor, name)) for name in ("argmax", "argmin")}
+    expected = {"argmax": logits.float().argmax(-1), "argmin": logits.float().argmin(-1),
+                "pooled": F.max_pool1d(signal.float(), 3, 2)}
+    with pytest.raises(RuntimeError) as refused:
+        F.max_pool1d(signal, 0)
+    speeds(SLOW_BOTH, ops={name: _timed(FLOAT32) for name in ("argmax", "argmin", "max_pool1d")}, report=True)
+    calls = {"torch.argmax": torch.argmax(logits, dim=-1), "Tensor.argmax": logits.argmax(-1),
+             "torch.argmin": torch.argmin(logits, -1), "Tensor.argmin": logits.argmin(dim=-1)}
+    for name, indices in calls.items():
+        assert indices.dtype == torch.int64 and torch.equal(indices, expected[name.split(".")[1]]), name
+        assert _counted(name) == "float16 computed in float32 (measured faster here)", name
+    assert calls["Tensor.argmax"][1] == 7
+    assert logits.argmax().item() == logits.float().argmax().item()
+    assert torch.equal(logits.argmax(-1, keepdim=True), expected["argmax"].unsqueeze(-1))
+    pooled, where = F.max_pool1d(signal, 3, 2, return_indices=True)
+    assert pooled.dtype == HALF and torch.equal(pooled, expected["pooled"].half())
+    assert where.dtype == torch.int64 and torch.equal(where, F.max_pool1d(signal.float(), 3, 2, return_indices=True)[1])
+    assert torch.equal(torch.nn.MaxPool1d(3, 2)(signal), pooled)
+    assert _counted("torch.nn.functional.max_pool1d") == "float16 computed in float32 (measured faster here)"
+    leaf = signal.clone().requires_grad_()
+    F.max_pool1d(leaf, 3, 2).float().sum().backward()
+    assert leaf.grad.dtype == HALF and leaf.grad.sum().item() == pooled.numel()
+    with pytest.raises(RuntimeError) as ours_refused:
+        F.max_pool1d(signal, 0)
+    assert str(ours_refused.value) == str(refused.value)
+    cudashim.deactivate()
+    assert all(vars(torch.Tensor).get(name, getattr(torch.Tensor, name)) is function
+               for name, function in own.items())
+
+
+def test_norms_and_cosine_similarities_timed_faster_in_float32_are_computed_there_by_every_name(speeds):
+    """Where the host timed float16 vector norms and cosine similarities faster in float32:
+    torch.linalg.vector_norm, torch.norm and Tensor.norm (which reach it), nn.CosineSimilarity
+    and F.normalize's norm compute in float32, each result rounded once (what torch's float16
+    kernels, which accumulate in float32, return); a norm long enough for the exact reductions
+    is as near float64's as as asked; gradients flow back in float16."""
+    import cudashim
+    from cudashim.precision import FLOAT32
+    torch.manual_seed(5)
+    x, y = torch.randn(3, 40, 64).half(), torch.randn(3, 40, 64).half()
+    long = torch.randn(2 ** 21).half()
+    norms = x.float().norm(dim=-1).half()
+    expected = {"torch.linalg.vector_norm": norms, "torch.norm": norms, "Tensor.norm": norms,
+                "whole": x.float().norm().half(), "cosine": F.cosine_similarity(x.float(), y.float(), -1).half(),
+                "normalize": F.normalize(x, dim=-1)}
+    exact = long.double().norm()
+    as_asked_error = (long.norm().double() - exact).abs()
+    speeds(SLOW_BOTH, ops={name: _timed(FLOAT32) for name in ("vector_norm", "cosine_similarity")}, report=True)
+    calls = {"torch.linalg.vector_norm": torch.linalg.vector_norm(x, dim=-1), "torch.norm": torch.norm(x, 2, -1),
+             "Tensor.norm": x.norm(dim=-1), "whole": x.norm(),
+             "cosine": torch.nn.CosineSimilarity(dim=-1)(x, y), "normalize": F.normalize(x, dim=-1)}
+    for name, value in calls.items():
+        assert value.dtype == HALF and torch.equal(value, expected[name]), name
+    assert _counted("torch.linalg.vector_norm") == "float16 computed in float32 (measured faster here)"
+    assert _counted("torch.nn.functional.cosine_similarity") == "float16 computed in float32 (measured faster here)"
+    ours = long.norm()
+    assert ours.dtype == HALF and (ours.double() - exact).abs() <= max(as_asked_error, exact * 2 ** -11)
+    leaf = x.clone().requires_grad_()
+    leaf.norm(dim=-1).float().sum().backward()
+    assert leaf.grad.dtype == HALF
+    torch.testing.assert_close(leaf.grad.float(), (x.float() / x.float().norm(dim=-1, keepdim=True)),
+                               rtol=2 ** -9, atol=2 ** -12)
+
+
 def _scripted_products(x: torch.Tensor, w: torch.Tensor):
     return torch.tensordot(x, w, dims=1) + torch.cdist(x, w) + F.normalize(x, dim=-1) + torch.inner(x, w)
 

@@ -618,13 +618,16 @@ def _measure_ops(stopwatch: Stopwatch) -> Dict[str, dict]:
 
 
 def _both_ways(op, x, rest):
-    """``op`` on ``x`` as asked, and widened to float32 and narrowed back; each call says how
-    many elements it reads (``elements``), for a stopwatch that answers by size."""
+    """``op`` on ``x`` as asked, and widened to float32 and narrowed back (``SAMPLE`` among
+    ``rest`` is ``x`` again, converted as a second operand is); each call says how many elements
+    it reads (``elements``), for a stopwatch that answers by size."""
+    from ..tables.float16_ops import SAMPLE
+
     def as_asked():
-        return op(x, *rest)
+        return op(x, *[x if value is SAMPLE else value for value in rest])
 
     def widened():
-        return op(x.float(), *rest).half()
+        return op(x.float(), *[x.float() if value is SAMPLE else value for value in rest]).half()
     as_asked.elements = widened.elements = x.numel()
     return as_asked, widened
 

@@ -7,9 +7,10 @@ half the bytes, so as asked it often beats computing in float32, which costs a c
 each way. Which way is faster depends on the CPU's conversion instructions, so each op here is
 timed both ways on the host (``backends/cpu_speed.py``) and widened only where float32 wins.
 
-Each entry: the ``torch.nn.functional`` name (what the nn modules call), the sample it is
-timed on ("tokens": 4 x 128 x 1024, a transformer's activations; "images": 8 x 64 x 32 x 32,
-a convnet's), and the arguments after the input.
+Each entry: the ``torch.nn.functional`` name (what the nn modules call), or the name of the
+op ``CALLED_AS`` gives the places of, the sample it is timed on ("tokens": 4 x 128 x 1024, a
+transformer's activations; "images": 8 x 64 x 32 x 32, a convnet's; "signals": 8 x 64 x 1024, a
+1-D convnet's), and the arguments after the input.
 
 Left out, because computing on a widened copy would lose a write the op makes in place:
 ``batch_norm`` and ``instance_norm`` (their running statistics, in training), and the
@@ -20,6 +21,17 @@ and its ``max_norm`` renormalizes the weight in place. Methods called on a tenso
 """
 
 import importlib
+
+
+class _Sample:
+    """Stands for the sample among the arguments after it: an op of two operands
+    (cosine_similarity) is timed on the sample twice, in the dtype it is timed in."""
+
+    def __repr__(self):
+        return "SAMPLE"
+
+
+SAMPLE = _Sample()
 
 OPS = {
     "layer_norm": ("tokens", ((1024,),)),
@@ -38,6 +50,21 @@ OPS = {
     # in losses: torch's CPU kernel computes float16 powers element by element, 30x float32's
     # time on an AVX2 host, every exponent alike (bfloat16's has vectorized ones).
     "pow": ("tokens", (3.0,)),
+    # Greedy decoding's pick over float16 logits, a classifier's prediction: torch's CPU kernels
+    # compare float16 element by element. On an AVX512-BF16 EPYC, argmax over 8 x 151,936 logits
+    # (a Qwen vocabulary) took 2.6 ms as asked, 0.55 ms widened. The indices are the same either way:
+    # float32 holds every float16 exactly, and ties go to the first index both ways.
+    "argmax": ("tokens", (-1,)),
+    "argmin": ("tokens", (-1,)),
+    # A 1-D convnet's pooling (audio, time series): 1.18 ms as asked, 0.31 widened there, where
+    # max_pool2d's kernel is vectorized for float16.
+    "max_pool1d": ("signals", (2,)),
+    # Norms of float16 rows (hand-written RMSNorms, embeddings normalized for retrieval, gradient
+    # norms), and cosine similarities (CLIP-style contrastive losses): torch's CPU kernels reduce
+    # float16 lane by lane, 4.7x and 3.2x float32's time there. torch.norm and Tensor.norm reach
+    # torch.linalg.vector_norm at their call.
+    "vector_norm": ("tokens", (2.0, -1)),
+    "cosine_similarity": ("tokens", (SAMPLE, -1)),
 }
 
 # An op that programs reach by more names than its ``torch.nn.functional`` one: every (owner,
@@ -46,9 +73,12 @@ OPS = {
 CALLED_AS = {
     "pow": (("torch", "pow"), ("torch.Tensor", "pow"), ("torch.Tensor", "__pow__"),
             ("torch", "square"), ("torch.Tensor", "square")),
+    "argmax": (("torch", "argmax"), ("torch.Tensor", "argmax")),
+    "argmin": (("torch", "argmin"), ("torch.Tensor", "argmin")),
+    "vector_norm": (("torch.linalg", "vector_norm"),),
 }
 
-SAMPLES = {"tokens": (4, 128, 1024), "images": (8, 64, 32, 32)}
+SAMPLES = {"tokens": (4, 128, 1024), "images": (8, 64, 32, 32), "signals": (8, 64, 1024)}
 
 # float32 must be faster than this fraction of float16's time to be chosen. The widened call
 # costs more in a program than where the table times it: its float32 result is a fresh buffer
