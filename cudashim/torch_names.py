@@ -125,6 +125,10 @@ NAMES: Dict[str, Name] = {name.path: name for name in (
        "program's own) is a graph break, or traces the precision policy's buffers"),
     _n("torch._dynamo.variables.builder.VariableBuilder.install_guards", "compiled", REQUIRED, "guards"),
     _n("torch._dynamo.variables.builder.VariableBuilder.get_source", "compiled", REQUIRED, "guards"),
+    *(_n(f"torch._dynamo.variables.torch.{table}", "compiled", FALLBACK,
+         "a wrapper's own call of torch's function that dynamo folds to its value "
+         "(torch.is_autocast_enabled), met where dynamo traces the wrapper, is a graph break")
+      for table in ("constant_fold_functions", "constant_fold_functions_need_guards")),
     _n("torch._dynamo.trace_rules.get_torch_obj_rule_map", "compiled", REQUIRED,
        "torch's table of its own functions, which names the wrappers"),
     _n("torch._dynamo.guards.GuardBuilder.ID_MATCH", "compiled", REQUIRED, "guards"),

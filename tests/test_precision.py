@@ -1413,6 +1413,57 @@ def test_attention_computes_in_the_choices_measured_on_its_own_shapes(speeds):
     assert _counted("torch.nn.functional.linear (memory-bound)") == "float16 as asked"
 
 
+class _HalfBlock(torch.nn.Module):
+    """A float16 model's calls the policy wraps: a linear layer, attention, a convolution (torch.conv2d
+    and F.conv2d both replaced), cosine similarities (the exact reductions' wrapper beneath the
+    policy's), a product of activations, and argmax."""
+
+    def __init__(self):
+        super().__init__()
+        self.projection = torch.nn.Linear(32, 96)
+        self.convolution = torch.nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x, image):
+        q, k, v = self.projection(x).view(2, 8, 3, 4, 8).permute(2, 0, 3, 1, 4)
+        attended = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(2, 8, 32)
+        similar = F.cosine_similarity(attended, x, dim=-1)
+        scores = torch.matmul(attended, x.transpose(1, 2))
+        return attended, similar, scores, scores.argmax(-1), self.convolution(image)
+
+
+@needs_onednn_precision
+def test_a_float16_model_under_torch_compile_is_one_graph_of_the_policys_choices(speeds):
+    """torch.compile of a float16 model whose calls the policy computes in bfloat16 and float32:
+    dynamo traces the policy as torch ops (no kept buffers, weights or compiled conversions, which
+    broke the graph at every call), one graph without a break, whose results are the eager
+    calls' to bfloat16's rounding. Under the program's TF32 flags a float32 choice (attention's)
+    computes in bfloat16 there, as compiled code cannot turn oneDNN's bfloat16 precision off
+    around it."""
+    import warnings
+    from cudashim.precision import BFLOAT16, FLOAT32, MatmulChoices
+    torch.manual_seed(2)
+    block = _HalfBlock().half().eval()
+    x, image = torch.randn(2, 8, 32).half(), torch.randn(2, 4, 6, 6).half()
+    speeds(FAST_BF16, matmuls=MatmulChoices(BFLOAT16, BFLOAT16, 4, "test",
+                                            attention=MatmulChoices(FLOAT32, FLOAT32, 4, "test")))
+    torch.backends.cuda.matmul.allow_tf32 = True
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")                  # dynamo's own notices
+        eager = block(x, image)
+        explained = torch._dynamo.explain(block)(x, image)
+        torch._dynamo.reset()
+        compiled = torch.compile(block, backend="aot_eager")(x, image)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), \
+        [str(reason.reason)[:300] for reason in explained.break_reasons]
+    code = explained.graphs[0].code
+    assert "bfloat16" in code and "float32" not in code, code
+    for ours, theirs in zip(compiled, eager):
+        assert ours.dtype == theirs.dtype
+        if ours.is_floating_point():
+            torch.testing.assert_close(ours.float(), theirs.float(), rtol=2 ** -6, atol=2 ** -6)
+    assert torch.equal(compiled[3], compiled[2].argmax(-1))
+
+
 @needs_onednn_precision
 def test_a_float32_choice_runs_in_plain_float32_under_the_programs_tf32_flags(speeds, monkeypatch):
     """Where bfloat16 is fast the TF32 flags turn on oneDNN's bfloat16 precision for float32

@@ -133,6 +133,43 @@ def test_dynamo_imports_under_the_shim_and_compiles_a_cuda_function(shim):
     assert scaled(torch.ones(2, device="cuda")).tolist() == [2.0, 2.0]
 
 
+def test_a_float16_model_under_torch_compile_is_one_graph_on_every_torch(shim):
+    """A ``.half().cuda()`` model (linear layers, attention, a convolution, a product) under
+    torch.compile, with the precision policy this host's speeds choose: its calls trace as torch
+    ops, one graph without a break, and the compiled results are the eager ones' to the policy's
+    rounding. torch 2.4 ran the layers on fake tensors into the policy's compiled conversions and
+    failed ("Cannot access data pointer"); the later ones broke the graph at every call."""
+    import warnings
+
+    import torch
+    import torch.nn.functional as F
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.projection, self.convolution = torch.nn.Linear(32, 96), torch.nn.Conv2d(4, 4, 3, padding=1)
+
+        def forward(self, x, image):
+            q, k, v = self.projection(x).view(2, 8, 3, 4, 8).permute(2, 0, 3, 1, 4)
+            attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return attended, torch.matmul(attended, attended.transpose(-1, -2)), self.convolution(image)
+
+    torch.manual_seed(0)
+    block = Block().half().cuda().eval()
+    x, image = torch.randn(2, 8, 32, device="cuda").half(), torch.randn(2, 4, 6, 6, device="cuda").half()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")                  # dynamo's own notices
+        eager = block(x, image)
+        explained = torch._dynamo.explain(block)(x, image)
+        torch._dynamo.reset()
+        compiled = torch.compile(block, backend="aot_eager")(x, image)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), \
+        [str(reason.reason)[:300] for reason in explained.break_reasons]
+    for ours, theirs in zip(compiled, eager):
+        assert ours.dtype == torch.float16 and ours.is_cuda
+        torch.testing.assert_close(ours.float(), theirs.float(), rtol=2 ** -6, atol=2 ** -6)
+
+
 def _averaged(tmp_path, name, shim_options=()):
     result = torchrun("tests/programs/averages.py", "--out", str(tmp_path / name), shim_options=shim_options)
     assert result.returncode == 0, result.stderr[-3000:]

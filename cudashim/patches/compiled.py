@@ -28,6 +28,7 @@ from ..tables.compiled_twins import TWINS
 DYNAMO_TENSORS = "torch._dynamo.variables.tensor"
 DYNAMO_BUILDER = "torch._dynamo.variables.builder"
 DYNAMO_TRACE_RULES = "torch._dynamo.trace_rules"
+DYNAMO_TORCH_FUNCTIONS = "torch._dynamo.variables.torch"
 INDUCTOR = "torch._inductor.compile_fx"
 # Private dynamo and inductor names are read and patched here: each is in torch_names.NAMES.
 
@@ -38,6 +39,8 @@ def install(activation):
     if activation.compiled is not None:
         _trace_python_twins(activation)
     _wrappers_met_without_a_source(activation, replaced_methods)
+    _torchs_own_functions_fold_as_their_wrappers(activation)
+    _torchs_own_functions_known_behind_their_wrappers(activation)
     if activation.backend.device_type != "cpu":
         _eager_where_inductor_has_no_code_generator(activation)
     if activation.settings.is_honest("is_cuda"):
@@ -168,6 +171,84 @@ def _wrappers_met_without_a_source(activation, replaced_methods):
         activation.registry.set_attr(SourcelessBuilder, "create", staticmethod(create_for_wrapper))
 
     activation.when_imported(DYNAMO_BUILDER, patch)
+
+
+def _behind_wrappers(registry, listed) -> list:
+    """torch's functions behind the wrappers whose ids are in ``listed`` (a set, which grows by
+    theirs): each patch's original, where its replacement is listed, through chains of wrappers."""
+    behind = []
+    grown = True
+    while grown:                            # a wrapper's original may be another's wrapper
+        grown = False
+        for made in registry:
+            original = made.original
+            if id(made.replacement) in listed and callable(original) and id(original) not in listed:
+                listed.add(id(original))
+                behind.append(original)
+                grown = True
+    return behind
+
+
+def _torchs_own_functions_known_behind_their_wrappers(activation):
+    """Dynamo knows torch's functions by identity, from a table it builds at its first compile
+    (``trace_rules.get_torch_obj_rule_map``): under cudashim, after activation, it names the
+    wrappers where torch's namespaces hold them. Where dynamo traces into a wrapper, the
+    wrapper's own call of torch's function may be one no namespace holds any more (the precision
+    policy replaces both ``torch.conv2d`` and ``F.conv2d``, the exact reductions
+    ``torch.cosine_similarity``): dynamo took it for an unknown builtin, and broke the graph
+    ("Dynamo does not know how to trace the builtin"). Each function behind a wrapper the table
+    names is given the wrapper's rule, as the table gives it without cudashim."""
+    registry = activation.registry
+
+    def patch(trace_rules):
+        import functools
+        original = getattr(trace_rules, "get_torch_obj_rule_map", None)
+        if original is None:
+            return
+
+        @functools.lru_cache(maxsize=None)
+        def with_the_functions_behind(patches: int) -> dict:
+            known = dict(original())
+            rules = {id(value): rule for value, rule in known.items()}
+            # in the order they are found, so that a wrapper behind another has its rule first
+            for function in _behind_wrappers(registry, set(rules)):
+                rule = next((rules[id(made.replacement)] for made in registry
+                             if made.original is function and id(made.replacement) in rules), None)
+                if rule is not None:
+                    known[function] = rules[id(function)] = rule
+            return known
+
+        def get_torch_obj_rule_map():
+            return with_the_functions_behind(len(registry))
+        activation.registry.set_attr(trace_rules, "get_torch_obj_rule_map", get_torch_obj_rule_map)
+
+    activation.when_imported(DYNAMO_TRACE_RULES, patch)
+
+
+# The tables of the torch functions whose calls dynamo folds to their value, by identity
+# (the second guards the value it folds to).
+_FOLDED = ("constant_fold_functions", "constant_fold_functions_need_guards")
+
+
+def _torchs_own_functions_fold_as_their_wrappers(activation):
+    """Dynamo folds a call of some torch functions to its value (``torch.is_autocast_enabled``,
+    ``torch.cuda.is_available``), found by identity in tables it builds when it is imported:
+    under cudashim, after activation, they hold the wrappers. Where dynamo traces into a wrapper
+    (a device rewrite's, the precision policy's check for an autocast region), the wrapper's own
+    call of torch's function was a graph break ("torch.* op returned non-Tensor": a float16
+    GPT under torch.compile broke at every linear layer). The functions behind the wrappers in
+    each table are added to it."""
+    def patch(module):
+        for table_name in _FOLDED:
+            table = torch_names.get(f"{DYNAMO_TORCH_FUNCTIONS}.{table_name}", None)
+            if not isinstance(table, (list, dict)):
+                continue
+            behind = _behind_wrappers(activation.registry, {id(function) for function in table})
+            if behind:
+                extended = {**table, **dict.fromkeys(behind)} if isinstance(table, dict) else [*table, *behind]
+                activation.registry.set_attr(module, table_name, extended)
+
+    activation.when_imported(DYNAMO_TORCH_FUNCTIONS, patch)
 
 
 def _eager_where_inductor_has_no_code_generator(activation):

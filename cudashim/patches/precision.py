@@ -457,6 +457,17 @@ def by_policy(api, first, device_type, cache, count, regions, policy, rows_of, c
         if choice == BFLOAT16 and float32_only:
             choice = FLOAT32
         dtype = torch.bfloat16 if choice == BFLOAT16 else torch.float32
+        if _traced(tensors):
+            # torch.compile traces this: torch's ops only, as a capture records them. Where the
+            # program's TF32 flags make float32 products oneDNN's bfloat16 ones, which the eager
+            # path turns off around its call (``plain``: attention at decoding sizes ran 3 to 10
+            # times as long with them), compiled code cannot turn them off: a float32 choice
+            # computes in bfloat16 there (a float16 GPT's attention, 16 x 4 x 64 x 64 causal:
+            # 2.2 ms a call in float32 under the flags, 1.0 in bfloat16, 0.75 in plain float32).
+            if dtype is torch.float32 and plain is not None and not float32_only:
+                choice, dtype = BFLOAT16, torch.bfloat16
+            count(reported, _BECAME[choice])
+            return _computed_as_captured(original, dtype, args, kwargs, in_place)
         computed = plain if plain is not None and dtype is torch.float32 else original
         if graph.capturing_here():
             count(reported, _BECAME[choice])
@@ -484,7 +495,8 @@ def by_policy(api, first, device_type, cache, count, regions, policy, rows_of, c
         leading = args[first] if len(args) > first else None
         if leading.__class__ in (list, tuple) and leading:
             leading = leading[0]
-        if getattr(leading, "dtype", None) is HALF:
+        # isinstance, not getattr with a default: dynamo before torch 2.5 cannot trace that
+        if isinstance(leading, torch.Tensor) and leading.dtype is HALF:
             return widened(*args, **kwargs)
         try:
             return original(*args, **kwargs)
@@ -498,6 +510,18 @@ def by_policy(api, first, device_type, cache, count, regions, policy, rows_of, c
     # Calls outside float16, nearly all of them where the policy widens, skip the Python frame.
     gate = compiled.HalfGate(original, widened, reconciled, regions, HALF, first)
     return compiled_twin(gate, computed_by_policy)
+
+
+def _traced(tensors) -> bool:
+    """Whether torch.compile traces this call: dynamo tracing it, or a call on its fake tensors
+    (torch before 2.5 runs an nn.Module's call on them, not knowing it compiles), or on another
+    tensor subclass, whose memory the policy's kept buffers and compiled conversions cannot read."""
+    if torch.compiler.is_compiling():
+        return True
+    for tensor in tensors:
+        if tensor.__class__ not in _PLAIN:
+            return True
+    return False
 
 
 def _in_plain_float32(original):
@@ -1100,8 +1124,9 @@ def by_measurement(api, device_type, cache, count, compiled, original, *, at_onc
         if torch.is_autocast_enabled(device_type) or kwargs.get("dtype") is not None \
                 or any(value.__class__ is torch.dtype for value in args) or not _all_half(tensors):
             return original(*args, **kwargs)
-        if graph.capturing_here():
-            return original(*args, **kwargs)            # as asked: see _computed_as_captured
+        if _traced(tensors) or graph.capturing_here():
+            # as asked: see _computed_as_captured; a compiled kernel computes float16 in float32
+            return original(*args, **kwargs)
         if up_to is not None and tensors[0].numel() > up_to:
             count(api, "float16 as asked (larger than float32 was timed faster at here)")
             return original(*args, **kwargs)
@@ -1117,7 +1142,7 @@ def by_measurement(api, device_type, cache, count, compiled, original, *, at_onc
 
     @functools.wraps(original)
     def computed_by_measurement(*args, **kwargs):
-        if args and getattr(args[0], "dtype", None) is HALF:
+        if args and isinstance(args[0], torch.Tensor) and args[0].dtype is HALF:
             return widened(*args, **kwargs)
         return original(*args, **kwargs)
 
