@@ -2372,7 +2372,6 @@ def test_norms_and_cosine_similarities_timed_faster_in_float32_are_computed_ther
     and F.normalize's norm compute in float32, each result rounded once (what torch's float16
     kernels, which accumulate in float32, return); a norm long enough for the exact reductions
     is as near float64's as as asked; gradients flow back in float16."""
-    import cudashim
     from cudashim.precision import FLOAT32
     torch.manual_seed(5)
     x, y = torch.randn(3, 40, 64).half(), torch.randn(3, 40, 64).half()
