@@ -168,6 +168,10 @@ def test_a_float16_model_under_torch_compile_is_one_graph_on_every_torch(shim):
     for ours, theirs in zip(compiled, eager):
         assert ours.dtype == torch.float16 and ours.is_cuda
         torch.testing.assert_close(ours.float(), theirs.float(), rtol=2 ** -6, atol=2 ** -6)
+    torch._dynamo.trace_rules.clear_lru_cache()         # as init_process_group calls it
+    torch._dynamo.reset()
+    with torch.no_grad():
+        assert torch._dynamo.explain(block)(x, image).graph_count == 1
 
 
 def _averaged(tmp_path, name, shim_options=()):

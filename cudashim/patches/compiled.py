@@ -220,6 +220,12 @@ def _torchs_own_functions_known_behind_their_wrappers(activation):
 
         def get_torch_obj_rule_map():
             return with_the_functions_behind(len(registry))
+
+        def cache_clear():                  # dynamo's clear_lru_cache() clears torch's table
+            with_the_functions_behind.cache_clear()
+            getattr(original, "cache_clear", lambda: None)()
+        get_torch_obj_rule_map.cache_clear = cache_clear
+        get_torch_obj_rule_map.__wrapped__ = original
         activation.registry.set_attr(trace_rules, "get_torch_obj_rule_map", get_torch_obj_rule_map)
 
     activation.when_imported(DYNAMO_TRACE_RULES, patch)
