@@ -111,6 +111,24 @@ def _program_env(env=None) -> dict:
     return full_env
 
 
+def explained_and_compiled(module, *inputs):
+    """``module`` on ``inputs`` under no_grad: its eager result, torch._dynamo.explain's account
+    (asserted one graph without a break), and its result compiled by AOTAutograd's eager backend
+    (what inductor captures, without generating code)."""
+    import warnings
+
+    import torch
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")                  # dynamo's own notices
+        eager = module(*inputs)
+        explained = torch._dynamo.explain(module)(*inputs)
+        torch._dynamo.reset()
+        compiled = torch.compile(module, backend="aot_eager")(*inputs)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), \
+        [str(reason.reason)[:300] for reason in explained.break_reasons]
+    return eager, explained, compiled
+
+
 def python(*args, env=None, cwd=None, timeout=300, input=None, fresh=False):
     """Run ``python ARGS`` as a new interpreter would; return the CompletedProcess (text).
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import python
+from conftest import explained_and_compiled, python
 
 pytestmark = pytest.mark.host          # the precision policy follows the host's dtype speeds
 
@@ -736,6 +736,14 @@ def _close_to_bfloat16s(result, by_hand):
     assert result.dtype == HALF and result.stride() == by_hand.stride() and result._base is None
 
 
+def _each_layer_twice_as_by_hand(layers, inputs, by_hand):
+    """Each of ``layers`` called twice on its input gives the float16 rounding of its bfloat16 port's
+    result (``by_hand``), laid out alike."""
+    for name, layer in layers.items():
+        for _ in range(2):
+            _close_to_bfloat16s(layer(inputs[name]), by_hand[name])
+
+
 def test_a_conv2d_layer_in_bfloat16_packs_its_weight_once_and_lays_out_its_result_as_cuda_does(speeds, monkeypatch):
     """Under no_grad a float16 conv2d computed in bfloat16 reads its weight packed for oneDNN's
     channels-last kernels: packed at the first call and kept, in place of a plain copy, and
@@ -758,9 +766,7 @@ def test_a_conv2d_layer_in_bfloat16_packs_its_weight_once_and_lays_out_its_resul
     by_hand_last = _layer_in_bfloat16(layers["plain"], channels_last)
     _bfloat16_products(speeds)
     with torch.no_grad():
-        for name, layer in layers.items():
-            for _ in range(2):
-                _close_to_bfloat16s(layer(x), by_hand[name])
+        _each_layer_twice_as_by_hand(layers, dict.fromkeys(layers, x), by_hand)
         assert counts == {"packed": 4, "computed": 8}
         plain = layers["plain"]
         ours = plain(channels_last)                          # an input laid out channels-last
@@ -805,15 +811,31 @@ def test_a_conv1d_layer_in_bfloat16_packs_its_weight_as_a_conv2d_of_height_one(s
     unbatched = _layer_in_bfloat16(layers["padded"], inputs["padded"][0])
     _bfloat16_products(speeds)
     with torch.no_grad():
-        for name, layer in layers.items():
-            for _ in range(2):
-                _close_to_bfloat16s(layer(inputs[name]), by_hand[name])
+        _each_layer_twice_as_by_hand(layers, inputs, by_hand)
         assert counts == {"packed": 3, "computed": 6}
         assert counts.results_at == [([0, 0], [1, 5], [1, 1], 1), ([0, 1], [1, 1], [1, 1], 1),
                                      ([0, 2], [1, 1], [1, 2], 2)]
         assert torch.equal(layers["padded"](inputs["padded"][0]), unbatched)
         assert counts == {"packed": 3, "computed": 6}
     assert _counted("torch.nn.functional.conv1d") == "float16 computed in bfloat16"
+
+
+def _each_volumetric_layer_packs_once(speeds, counts, layers, x, checked_last):
+    """Each of ``layers`` (3-D convolutions, plain or transposed) made float16 and called twice on
+    ``x`` under no_grad packs its weight once and holds torch's bfloat16 layer rounded to float16;
+    ``checked_last``'s result from ``x`` made channels-last is channels-last, as CUDA lays it out."""
+    layers = {name: layer.half().eval() for name, layer in layers.items()}
+    channels_last = x.contiguous(memory_format=torch.channels_last_3d)
+    by_hand = {name: _layer_in_bfloat16(layer, x) for name, layer in layers.items()}
+    by_hand_last = _layer_in_bfloat16(layers[checked_last], channels_last)
+    _bfloat16_products(speeds)
+    with torch.no_grad():
+        _each_layer_twice_as_by_hand(layers, dict.fromkeys(layers, x), by_hand)
+        assert counts == {"packed": len(layers), "computed": 2 * len(layers)}
+        ours = layers[checked_last](channels_last)
+        assert ours.is_contiguous(memory_format=torch.channels_last_3d) and not ours.is_contiguous()
+        _close_to_bfloat16s(ours, by_hand_last)
+        assert counts == {"packed": len(layers), "computed": 2 * len(layers) + 1}
 
 
 def test_a_conv3d_layer_in_bfloat16_packs_its_weight_and_lays_out_its_result_as_cuda_does(speeds, monkeypatch):
@@ -825,21 +847,7 @@ def test_a_conv3d_layer_in_bfloat16_packs_its_weight_and_lays_out_its_result_as_
     torch.manual_seed(6)
     layers = {"padded": torch.nn.Conv3d(4, 8, 3, padding=1),
               "strided, grouped": torch.nn.Conv3d(4, 6, (1, 3, 3), stride=(1, 2, 2), groups=2, bias=False)}
-    layers = {name: layer.half().eval() for name, layer in layers.items()}
-    x = torch.randn(2, 4, 3, 9, 7).half()
-    channels_last = x.contiguous(memory_format=torch.channels_last_3d)
-    by_hand = {name: _layer_in_bfloat16(layer, x) for name, layer in layers.items()}
-    by_hand_last = _layer_in_bfloat16(layers["padded"], channels_last)
-    _bfloat16_products(speeds)
-    with torch.no_grad():
-        for name, layer in layers.items():
-            for _ in range(2):
-                _close_to_bfloat16s(layer(x), by_hand[name])
-        assert counts == {"packed": 2, "computed": 4}
-        ours = layers["padded"](channels_last)
-        assert ours.is_contiguous(memory_format=torch.channels_last_3d) and not ours.is_contiguous()
-        _close_to_bfloat16s(ours, by_hand_last)
-        assert counts == {"packed": 2, "computed": 5}
+    _each_volumetric_layer_packs_once(speeds, counts, layers, torch.randn(2, 4, 3, 9, 7).half(), "padded")
     assert counts.results_at == [([1, 1, 1], [1, 1, 1], [1, 1, 1], 1), ([0, 0, 0], [1, 2, 2], [1, 1, 1], 2)]
     assert _counted("torch.nn.functional.conv3d") == "float16 computed in bfloat16"
 
@@ -873,9 +881,7 @@ def test_a_conv_transpose2d_layer_in_bfloat16_packs_its_weight_and_lays_out_its_
     trained = upsampling(x)
     assert trained.grad_fn is not None and counts == {"packed": 0, "computed": 0}
     with torch.no_grad():
-        for name, layer in layers.items():
-            for _ in range(2):
-                _close_to_bfloat16s(layer(x), by_hand[name])
+        _each_layer_twice_as_by_hand(layers, dict.fromkeys(layers, x), by_hand)
         assert counts == {"packed": 3, "computed": 6}
         ours = upsampling(channels_last)
         assert ours.is_contiguous(memory_format=torch.channels_last) and not ours.is_contiguous()
@@ -920,9 +926,7 @@ def test_a_conv_transpose1d_layer_in_bfloat16_packs_its_weight_as_one_of_height_
     unbatched = _layer_in_bfloat16(upsampling, inputs["upsampling"][0])
     _bfloat16_products(speeds)
     with torch.no_grad():
-        for name, layer in layers.items():
-            for _ in range(2):
-                _close_to_bfloat16s(layer(inputs[name]), by_hand[name])
+        _each_layer_twice_as_by_hand(layers, inputs, by_hand)
         assert counts == {"packed": 3, "computed": 6}
         assert counts.results_at == [([0, 4], [0, 0], [1, 8], [1, 1], 1), ([0, 1], [0, 0], [1, 1], [1, 2], 3),
                                      ([0, 1], [0, 1], [1, 2], [1, 1], 1)]
@@ -944,21 +948,7 @@ def test_a_conv_transpose3d_layer_in_bfloat16_packs_its_weight_and_lays_out_its_
     layers = {"upsampling": torch.nn.ConvTranspose3d(4, 8, 2, stride=2),
               "grouped, output padding": torch.nn.ConvTranspose3d(4, 6, 3, stride=(1, 2, 2), padding=1,
                                                                   output_padding=(0, 1, 1), groups=2, bias=False)}
-    layers = {name: layer.half().eval() for name, layer in layers.items()}
-    x = torch.randn(2, 4, 3, 5, 4).half()
-    channels_last = x.contiguous(memory_format=torch.channels_last_3d)
-    by_hand = {name: _layer_in_bfloat16(layer, x) for name, layer in layers.items()}
-    by_hand_last = _layer_in_bfloat16(layers["upsampling"], channels_last)
-    _bfloat16_products(speeds)
-    with torch.no_grad():
-        for name, layer in layers.items():
-            for _ in range(2):
-                _close_to_bfloat16s(layer(x), by_hand[name])
-        assert counts == {"packed": 2, "computed": 4}
-        ours = layers["upsampling"](channels_last)
-        assert ours.is_contiguous(memory_format=torch.channels_last_3d) and not ours.is_contiguous()
-        _close_to_bfloat16s(ours, by_hand_last)
-        assert counts == {"packed": 2, "computed": 5}
+    _each_volumetric_layer_packs_once(speeds, counts, layers, torch.randn(2, 4, 3, 5, 4).half(), "upsampling")
     assert counts.results_at == [([0, 0, 0], [0, 0, 0], [2, 2, 2], [1, 1, 1], 1),
                                  ([1, 1, 1], [0, 1, 1], [1, 2, 2], [1, 1, 1], 2)]
     assert _counted("torch.nn.functional.conv_transpose3d") == "float16 computed in bfloat16"
@@ -1439,7 +1429,6 @@ def test_a_float16_model_under_torch_compile_is_one_graph_of_the_policys_choices
     calls' to bfloat16's rounding. Under the program's TF32 flags a float32 choice (attention's)
     computes in bfloat16 there, as compiled code cannot turn oneDNN's bfloat16 precision off
     around it."""
-    import warnings
     from cudashim.precision import BFLOAT16, FLOAT32, MatmulChoices
     torch.manual_seed(2)
     block = _HalfBlock().half().eval()
@@ -1447,14 +1436,7 @@ def test_a_float16_model_under_torch_compile_is_one_graph_of_the_policys_choices
     speeds(FAST_BF16, matmuls=MatmulChoices(BFLOAT16, BFLOAT16, 4, "test",
                                             attention=MatmulChoices(FLOAT32, FLOAT32, 4, "test")))
     torch.backends.cuda.matmul.allow_tf32 = True
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")                  # dynamo's own notices
-        eager = block(x, image)
-        explained = torch._dynamo.explain(block)(x, image)
-        torch._dynamo.reset()
-        compiled = torch.compile(block, backend="aot_eager")(x, image)
-    assert (explained.graph_count, explained.graph_break_count) == (1, 0), \
-        [str(reason.reason)[:300] for reason in explained.break_reasons]
+    eager, explained, compiled = explained_and_compiled(block, x, image)
     code = explained.graphs[0].code
     assert "bfloat16" in code and "float32" not in code, code
     for ours, theirs in zip(compiled, eager):

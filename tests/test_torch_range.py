@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import python, torchrun
+from conftest import explained_and_compiled, python, torchrun
 from targets import SHIMDEV
 
 pytestmark = pytest.mark.torch_range
@@ -139,8 +139,6 @@ def test_a_float16_model_under_torch_compile_is_one_graph_on_every_torch(shim):
     ops, one graph without a break, and the compiled results are the eager ones' to the policy's
     rounding. torch 2.4 ran the layers on fake tensors into the policy's compiled conversions and
     failed ("Cannot access data pointer"); the later ones broke the graph at every call."""
-    import warnings
-
     import torch
     import torch.nn.functional as F
 
@@ -157,14 +155,7 @@ def test_a_float16_model_under_torch_compile_is_one_graph_on_every_torch(shim):
     torch.manual_seed(0)
     block = Block().half().cuda().eval()
     x, image = torch.randn(2, 8, 32, device="cuda").half(), torch.randn(2, 4, 6, 6, device="cuda").half()
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")                  # dynamo's own notices
-        eager = block(x, image)
-        explained = torch._dynamo.explain(block)(x, image)
-        torch._dynamo.reset()
-        compiled = torch.compile(block, backend="aot_eager")(x, image)
-    assert (explained.graph_count, explained.graph_break_count) == (1, 0), \
-        [str(reason.reason)[:300] for reason in explained.break_reasons]
+    eager, _, compiled = explained_and_compiled(block, x, image)
     for ours, theirs in zip(compiled, eager):
         assert ours.dtype == torch.float16 and ours.is_cuda
         torch.testing.assert_close(ours.float(), theirs.float(), rtol=2 ** -6, atol=2 ** -6)
