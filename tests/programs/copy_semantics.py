@@ -25,6 +25,16 @@ def check(name, value):
     checks[name] = bool(value)
 
 
+def settled_memory_allocated():
+    """``torch.cuda.memory_allocated()`` with no garbage pending. torch.save leaves reference
+    cycles (its pickler's closures) that hold the storages it saved; the collection that frees
+    them falls wherever the interpreter's allocation count says, which differs by host and run,
+    and must not fall inside a window measured from here."""
+    gc.collect()
+    torch.cuda.synchronize()
+    return torch.cuda.memory_allocated()
+
+
 # --- the moves themselves -------------------------------------------------------------------
 x = torch.ones(3)
 y = x.cuda()
@@ -277,7 +287,7 @@ check("flat-buffer views stay views after module.to", torch.equal(flat_model.bia
 # --- devices read off tensors --------------------------------------------------------------
 # the idiom of code that does not name its device: "wherever the model is" (transformers'
 # model.device is its first parameter's), "wherever that buffer is"
-allocated = torch.cuda.memory_allocated()
+allocated = settled_memory_allocated()
 with torch.device(device):
     built_there = nn.Linear(8, 8)                  # a model built on the device, as gpt-fast builds
 check("a model built under torch.device('cuda') is device memory",
@@ -301,13 +311,13 @@ scratch = torch.zeros(4, device=device)
 moved = labels.to(scratch.device)
 moved.mul_(0)
 check("to(buffer.device) of a device buffer copies", labels.tolist() == [0, 1, 2, 3])
-allocated = torch.cuda.memory_allocated()
+allocated = settled_memory_allocated()
 workspace = torch.empty(1024, device=scratch.device)
 check("a tensor made on a device read off a tensor is device memory",
       torch.cuda.memory_allocated() - allocated >= workspace.nbytes)
 # buffers made like a device tensor (gradient accumulators, an EMA's shadow, a mask grown by
 # new_ones) are on the device: device memory, and a move to their device a copy
-allocated = torch.cuda.memory_allocated()
+allocated = settled_memory_allocated()
 accumulators = [torch.zeros_like(p) for p in built_there.parameters()]
 grown = scratch.new_ones(256)
 check("buffers made like a device tensor are device memory", torch.cuda.memory_allocated() - allocated
@@ -315,12 +325,12 @@ check("buffers made like a device tensor are device memory", torch.cuda.memory_a
 moved = labels.to(accumulators[0].device)
 moved.add_(1)
 check("to(zeros_like(weight).device) copies", labels.tolist() == [0, 1, 2, 3])
-allocated = torch.cuda.memory_allocated()
+allocated = settled_memory_allocated()
 host_like = [torch.zeros_like(labels), labels.new_zeros(1024), torch.ones_like(scratch, device="cpu")]
 check("a buffer made like a host tensor is not device memory", torch.cuda.memory_allocated() == allocated)
 
 # an EMA model and best weights kept by deepcopy are where the model is: on the device
-allocated = torch.cuda.memory_allocated()
+allocated = settled_memory_allocated()
 ema_model = copy.deepcopy(built_there)
 best_weights = copy.deepcopy(built_there.state_dict())
 check("deepcopy of a device model and its state_dict is device memory", torch.cuda.memory_allocated()
@@ -338,9 +348,7 @@ loaded = []
 for name, location in (('"cuda"', "cuda"), ('torch.device("cuda")', torch.device("cuda")),
                        ("model.device", model_device), ('{"cpu": "cuda"}', {"cpu": "cuda"})):
     saved.seek(0)
-    gc.collect()              # garbage of earlier idioms freed now, not during the load measured
-    torch.cuda.synchronize()
-    allocated = torch.cuda.memory_allocated()
+    allocated = settled_memory_allocated()
     loaded.append(torch.load(saved, map_location=location)["w"])
     check(f"torch.load(map_location={name}) is device memory",
           torch.cuda.memory_allocated() - allocated >= loaded[-1].nbytes)
