@@ -263,9 +263,12 @@ class PrecisionPolicy:
         if not self.float16_ops:
             return []
 
+        from .tables.float16_ops import ONLY_WHEN
+
         def timed(names):
             return ", ".join(f"{name} ({AS_ASKED} {measured[AS_ASKED]:.3g} ms, {FLOAT32} {measured[FLOAT32]:.3g} ms"
-                             f"{_widened_sizes(measured) if name in widened else ''})"
+                             f"{_widened_sizes(measured) if name in widened else ''}"
+                             f"{'; ' + ONLY_WHEN[name][1] if name in widened and name in ONLY_WHEN else ''})"
                              for name, measured in self.float16_ops.items() if name in names)
         widened = self.widened_ops
         kept = [name for name in self.float16_ops if name not in widened]

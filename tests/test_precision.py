@@ -2348,6 +2348,56 @@ def test_argmax_argmin_and_max_pool1d_timed_faster_in_float32_keep_their_indices
                for name, function in own.items())
 
 
+def test_grid_sample_and_flip_are_widened_only_in_the_calls_of_the_kind_timed_faster(speeds):
+    """Where the host timed bilinear grid_sample (deformable attention's sampling) and a flip of
+    the last dimension faster in float32: those calls compute there, rounded once, by every name
+    and argument form; nearest sampling, volumetric sampling and flips of leading dimensions,
+    which torch computes faster as asked, are torch's own calls, values and layouts alike;
+    gradients flow back to float16 values and grids."""
+    import cudashim
+    from cudashim.precision import FLOAT32
+    torch.manual_seed(11)
+    values, grid = torch.randn(2, 3, 9, 11).half(), (torch.rand(2, 5, 7, 2) * 2 - 1).half()
+    volume, grid3 = torch.randn(1, 2, 4, 5, 6).half(), (torch.rand(1, 3, 3, 3, 3) * 2 - 1).half()
+    tokens = torch.randn(3, 4, 5).half()
+    images = torch.randn(2, 3, 4, 5).half().to(memory_format=torch.channels_last)
+    own = {"nearest": F.grid_sample(values, grid, "nearest", align_corners=False),
+           "bilinear": F.grid_sample(values, grid, align_corners=False),
+           "volume": F.grid_sample(volume, grid3, align_corners=False)}
+    wide = F.grid_sample(values.float(), grid.float(), align_corners=False).half()
+    assert not torch.equal(own["bilinear"], wide)           # the two ways are told apart by value
+    own_flip = torch.Tensor.flip
+    speeds(SLOW_BOTH, ops={name: _timed(FLOAT32) for name in ("grid_sample", "flip")}, report=True)
+    nearest = F.grid_sample(values, grid, "nearest", align_corners=False)     # the first call counted
+    assert torch.equal(nearest, own["nearest"])
+    assert _counted("torch.nn.functional.grid_sample").startswith("float16 as asked")
+    assert torch.equal(F.grid_sample(values, grid, mode="nearest", align_corners=False), own["nearest"])
+    assert torch.equal(F.grid_sample(volume, grid3, align_corners=False), own["volume"])
+    for call in (lambda: F.grid_sample(values, grid, align_corners=False),
+                 lambda: F.grid_sample(values, grid, "bilinear", "zeros", False),
+                 lambda: F.grid_sample(values, grid=grid, mode="bilinear", align_corners=False)):
+        sampled = call()
+        assert sampled.dtype == HALF and torch.equal(sampled, wide)
+    leaf, where = values.clone().requires_grad_(), grid.clone().requires_grad_()
+    F.grid_sample(leaf, where, align_corners=False).float().sum().backward()
+    assert leaf.grad.dtype == where.grad.dtype == HALF and leaf.grad.abs().sum() > 0 and where.grad.abs().sum() > 0
+
+    flips = {"Tensor.flip": (lambda: tokens.flip(-1), tokens.float().flip(-1)),
+             "torch.flip": (lambda: torch.flip(tokens, dims=(0, 2)), tokens.float().flip(0, 2))}
+    for name, (call, expected) in flips.items():
+        flipped = call()
+        assert flipped.dtype == HALF and torch.equal(flipped, expected.half()), name
+        assert _counted(name) == "float16 computed in float32 (measured faster here)", name
+    assert torch.equal(tokens.flip(0, 2), flips["torch.flip"][1].half())
+    assert torch.equal(tokens.flip([2]), flips["Tensor.flip"][1].half())
+    mirrored = images.flip(-1)
+    assert mirrored.stride() == own_flip(images, [-1]).stride() and torch.equal(mirrored, own_flip(images, [-1]))
+    leading = tokens.flip(0)
+    assert torch.equal(leading, own_flip(tokens, [0]))
+    cudashim.deactivate()
+    assert torch.Tensor.flip is own_flip
+
+
 def test_norms_and_cosine_similarities_timed_faster_in_float32_are_computed_there_by_every_name(speeds):
     """Where the host timed float16 vector norms and cosine similarities faster in float32:
     torch.linalg.vector_norm, torch.norm and Tensor.norm (which reach it), nn.CosineSimilarity

@@ -618,16 +618,21 @@ def _measure_ops(stopwatch: Stopwatch) -> Dict[str, dict]:
 
 
 def _both_ways(op, x, rest):
-    """``op`` on ``x`` as asked, and widened to float32 and narrowed back (``SAMPLE`` among
-    ``rest`` is ``x`` again, converted as a second operand is); each call says how many elements
-    it reads (``elements``), for a stopwatch that answers by size."""
-    from ..tables.float16_ops import SAMPLE
+    """``op`` on ``x`` as asked, and widened to float32 and narrowed back (an ``Operand`` among
+    ``rest``, made from ``x``, converted as a second operand is); each call says how many
+    elements it reads (``elements``), for a stopwatch that answers by size."""
+    from ..tables.float16_ops import Operand
+    arguments = [value.of(x) if isinstance(value, Operand) else value for value in rest]
+    operands = [index for index, value in enumerate(rest) if isinstance(value, Operand)]
 
     def as_asked():
-        return op(x, *[x if value is SAMPLE else value for value in rest])
+        return op(x, *arguments)
 
     def widened():
-        return op(x.float(), *[x.float() if value is SAMPLE else value for value in rest]).half()
+        wide = list(arguments)
+        for index in operands:
+            wide[index] = arguments[index].float()
+        return op(x.float(), *wide).half()
     as_asked.elements = widened.elements = x.numel()
     return as_asked, widened
 

@@ -163,7 +163,8 @@ def install(activation):
             for owner, attribute, api in float16_ops.places(name):
                 activation.replace(owner, attribute, functools.partial(
                     by_measurement, api, activation.backend.device_type, cache, activation.count,
-                    activation.compiled, at_once=at_once, up_to=up_to))
+                    activation.compiled, at_once=at_once, up_to=up_to,
+                    only_when=float16_ops.ONLY_WHEN.get(name, (None,))[0]))
     if policy.float32_matmul_precision is not None:
         _map_tf32(activation, policy.float32_matmul_precision)
 
@@ -1112,17 +1113,23 @@ class _NoRegion:
     depth = 0
 
 
-def by_measurement(api, device_type, cache, count, compiled, original, *, at_once=None, up_to=None):
+def by_measurement(api, device_type, cache, count, compiled, original, *, at_once=None, up_to=None,
+                   only_when=None):
     """``original``, an op outside the matmul family that this host computes faster in float32
     than in float16 (measured: ``tables/float16_ops.py``), on float16 inputs widened to float32
     and its result rounded to float16 once, on inputs of at most ``up_to`` elements (None: any
-    size) where larger ones were timed faster as asked. A call asking for an output dtype,
-    inside an autocast region, or with other dtypes among its inputs goes to torch as it is."""
+    size) where larger ones were timed faster as asked, and only in the calls ``only_when(args,
+    kwargs)`` accepts where it is given (the calls like the one timed). A call asking for an
+    output dtype, inside an autocast region, or with other dtypes among its inputs goes to torch
+    as it is."""
     at_once = _at_once if at_once is None else at_once
     def widened(*args, **kwargs):
         tensors = _floating((*args, *kwargs.values()) if kwargs else args)
         if torch.is_autocast_enabled(device_type) or kwargs.get("dtype") is not None \
                 or any(value.__class__ is torch.dtype for value in args) or not _all_half(tensors):
+            return original(*args, **kwargs)
+        if only_when is not None and not only_when(args, kwargs):
+            count(api, "float16 as asked (a kind of call faster so: see tables/float16_ops.py)")
             return original(*args, **kwargs)
         if _traced(tensors) or graph.capturing_here():
             # as asked: see _computed_as_captured; a compiled kernel computes float16 in float32
