@@ -2424,6 +2424,102 @@ def test_grid_sample_and_flip_are_widened_only_in_the_calls_of_the_kind_timed_fa
     assert torch.Tensor.flip is own_flip
 
 
+def _became(name, call):
+    """``call()``'s result and what its call of ``name`` became (the report keeps a name's first)."""
+    import cudashim.activation as activation
+    entries = activation.current_activation().report.entries
+    entries.pop(name, None)
+    return call(), entries[name]["became"]
+
+
+WIDENED, KEPT = "float16 computed in float32 (measured faster here)", "float16 as asked (a kind of call"
+
+
+def test_reductions_and_powers_are_widened_only_over_the_dimension_and_exponent_timed(speeds):
+    """Where the host timed softmax, argmax, norms and cosine similarities over the last
+    dimension, pow(x, 3) and bilinear upsampling faster in float32: calls of those kinds, by
+    every argument form, compute there; a reduction over a leading dimension, a 1-norm, an
+    exponent float32 computes element by element too, nearest or antialiased resizing are
+    torch's own calls (each measured slower widened on an AVX512-BF16 EPYC), their values
+    torch's exactly."""
+    from cudashim.precision import FLOAT32
+    torch.manual_seed(3)
+    x, y = torch.randn(3, 5, 16).half(), torch.randn(3, 5, 16).half()
+    rows, positive = torch.randn(6, 16).half(), torch.rand(3, 5, 16).half() + 0.5
+    images = torch.randn(2, 3, 6, 7).half()
+    exponents = torch.full((16,), 2.0).half()
+    # name: [(the call, widened: what float32 gives rounded once, or None: torch's own call)]
+    calls = {
+        "torch.nn.functional.softmax": [
+            (lambda: F.softmax(x, -1), lambda: F.softmax(x.float(), -1)),
+            (lambda: F.softmax(x, dim=2), lambda: F.softmax(x.float(), 2)),
+            (lambda: F.softmax(x, 1), None),
+            (lambda: torch.nn.Softmax(dim=0)(x), None)],
+        "torch.nn.functional.log_softmax": [
+            (lambda: F.log_softmax(x, dim=-1), lambda: F.log_softmax(x.float(), -1)),
+            (lambda: F.log_softmax(x, 0), None)],
+        "Tensor.argmax": [
+            (lambda: x.argmax(-1), lambda: x.float().argmax(-1)),
+            (lambda: x.argmax(), lambda: x.float().argmax()),
+            (lambda: x.argmax(1), None)],
+        "torch.argmin": [
+            (lambda: torch.argmin(x, dim=2, keepdim=True), lambda: x.float().argmin(2, True)),
+            (lambda: torch.argmin(x, 0), None)],
+        "torch.linalg.vector_norm": [
+            (lambda: torch.linalg.vector_norm(x, dim=-1), lambda: x.float().norm(dim=-1)),
+            (lambda: x.norm(dim=(2, 1)), lambda: x.float().norm(dim=(1, 2))),
+            (lambda: torch.norm(x), lambda: x.float().norm()),
+            (lambda: torch.linalg.vector_norm(x, 2, 0), None),
+            (lambda: torch.linalg.vector_norm(x, 2, (0, 2)), None),
+            (lambda: torch.linalg.vector_norm(x, ord=1, dim=-1), None),
+            (lambda: x.norm(float("inf"), -1), None)],
+        "torch.nn.functional.normalize": [
+            (lambda: F.normalize(rows), lambda: F.normalize(rows.float())),
+            (lambda: F.normalize(x, dim=-1), lambda: F.normalize(x.float(), dim=-1)),
+            (lambda: F.normalize(x), None),
+            (lambda: F.normalize(x, 1.0, -1), None)],
+        "torch.nn.functional.cosine_similarity": [
+            (lambda: torch.nn.CosineSimilarity()(rows, rows.flip(0)),
+             lambda: F.cosine_similarity(rows.float(), rows.flip(0).float())),
+            (lambda: F.cosine_similarity(x, y, -1), lambda: F.cosine_similarity(x.float(), y.float(), -1)),
+            (lambda: F.cosine_similarity(x, y), None)],
+        "Tensor.__pow__": [
+            (lambda: positive ** 2, lambda: positive.float() ** 2),
+            (lambda: positive ** 4, None),
+            (lambda: positive ** 1, None)],
+        "torch.pow": [
+            (lambda: torch.pow(positive, exponent=-0.5), lambda: positive.float() ** -0.5),
+            (lambda: torch.pow(positive, 1.5), None),
+            (lambda: torch.pow(positive, exponents), None)],
+        "Tensor.pow": [(lambda: positive.pow(3), lambda: positive.float().pow(3))],
+        "torch.square": [(lambda: torch.square(positive), lambda: positive.float() ** 2)],
+        "torch.nn.functional.interpolate": [
+            (lambda: F.interpolate(images, scale_factor=2.0, mode="bilinear"),
+             lambda: F.interpolate(images.float(), scale_factor=2.0, mode="bilinear")),
+            (lambda: F.interpolate(images, size=(3, 4), mode="bilinear", antialias=True),
+             lambda: F.interpolate(images.float(), size=(3, 4), mode="bilinear", antialias=True)),
+            (lambda: F.interpolate(images, scale_factor=2.0), None),
+            (lambda: F.interpolate(x, scale_factor=2.0, mode="linear"), None)],
+    }
+    own = {(name, index): call() for name, forms in calls.items()
+           for index, (call, widened) in enumerate(forms) if widened is None}
+    timed = ("softmax", "log_softmax", "argmax", "argmin", "vector_norm", "normalize", "cosine_similarity",
+             "pow", "interpolate")
+    speeds(SLOW_BOTH, ops={name: _timed(FLOAT32) for name in timed}, report=True)
+    for name, forms in calls.items():
+        for index, (call, widened) in enumerate(forms):
+            result, became = _became(name, call)
+            where = f"{name}, form {index}"
+            if widened is None:
+                assert became.startswith(KEPT), where
+                assert torch.equal(result, own[name, index]), where
+            else:
+                expected = widened()
+                expected = expected.half() if expected.is_floating_point() else expected
+                assert became == WIDENED, where
+                assert result.dtype == expected.dtype and torch.equal(result, expected), where
+
+
 def test_norms_and_cosine_similarities_timed_faster_in_float32_are_computed_there_by_every_name(speeds):
     """Where the host timed float16 vector norms and cosine similarities faster in float32:
     torch.linalg.vector_norm, torch.norm and Tensor.norm (which reach it), nn.CosineSimilarity
