@@ -37,6 +37,18 @@ def _key(version: str) -> Tuple[int, ...]:
     return tuple(parts)
 
 
+def nearest(version: str, releases) -> Tuple[str, ...]:
+    """The releases among ``releases`` that ``version`` is nearest to: itself where it is one,
+    else the nearest older and the nearest newer of them (one, past either end). What a table
+    made release by release says of a release between two it was made on."""
+    if release(version) in releases:
+        return (release(version),)
+    ordered = sorted(releases, key=_key)
+    older = [name for name in ordered if _key(name) < _key(version)]
+    newer = [name for name in ordered if _key(name) > _key(version)]
+    return tuple(older[-1:] + newer[:1])
+
+
 def describe(version: str) -> str:
     """Where ``version`` stands: tested by CI, inside the tested range, or outside it."""
     tested = ", ".join(TESTED)

@@ -34,10 +34,65 @@ def _op_db():
     return op_db
 
 
+@pytest.mark.torch_range
 def test_the_table_is_what_this_torch_says():
+    """On the main suite's torch, the main table; on another release, its entry of the table of
+    gaps beyond it (``tox -e torch2.4`` and the others run this)."""
+    pytest.importorskip("expecttest")
     result = python("scripts/kernel_gaps.py", "--check", timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     assert GAPS["abs"][0] == ("bool",)                 # the gap a transformer's eval step hits
+
+
+def test_a_release_between_two_the_tables_were_made_on_has_the_gaps_of_both():
+    from cudashim.patches.kernel_gaps import gaps_of
+    from cudashim.tables.dtype_gaps import GENERATED_ON
+    from cudashim.tables.dtype_gaps_by_release import BEYOND
+    oldest = min(BEYOND, key=lambda name: tuple(map(int, name.split("."))))
+    assert gaps_of(GENERATED_ON) == {name: (tuple(sorted(d)), tuple(sorted(m))) for name, (d, m) in GAPS.items()}
+    assert "float16" in gaps_of("2.4.1")["nn.functional.grid_sample"][0]
+    assert "float16" in gaps_of("2.3.0")["nn.functional.grid_sample"][0]       # past the oldest: its gaps
+    between = gaps_of("2.5.1")
+    for name, (dtypes, _) in (*BEYOND[oldest].items(), *BEYOND["2.7.1"].items()):
+        assert set(dtypes) <= set(between[name][0]), name
+    assert "bfloat16" in gaps_of("2.14.0")["fft.rfft"][0] and "bfloat16" in gaps_of("2.16.0")["fft.rfft"][0]
+    assert gaps_of("2.14.1")["abs"] == (("bool",), ("abs", "abs_"))
+    assert "bfloat16" not in gaps_of("2.4.1")["fft.rfft"][0]
+
+
+@pytest.mark.torch_range
+def test_a_cuda_program_calling_what_this_releases_cpu_lacks_runs(shim):
+    """Calls a CUDA program makes in dtypes CUDA's kernels take and some release's CPU kernels
+    refuse (torch 2.4: float16 grid_sample, reflection padding, isin, max_unpool and
+    adaptive_max_pool3d, bfloat16 mse_loss; every release: float16 FFTs): on every release they run, each
+    result in CUDA's dtype and what the float32 kernel computes, rounded to it."""
+    torch.manual_seed(0)
+    images = torch.randn(2, 3, 6, 8, device="cuda")
+    grid = torch.rand(2, 4, 5, 2, device="cuda") * 2 - 1
+    pooled, where = torch.nn.functional.max_pool2d(images, 2, return_indices=True)
+    volume = torch.randn(1, 2, 4, 6, 6, device="cuda")
+    signal, target = torch.randn(4, 64, device="cuda"), torch.randn(4, 64, device="cuda")
+    F = torch.nn.functional
+    calls = {
+        "grid_sample": (torch.float16, lambda t: F.grid_sample(t(images), t(grid), align_corners=False)),
+        "pad, reflect": (torch.float16, lambda t: F.pad(t(images), (2, 1, 1, 2), mode="reflect")),
+        "isin": (torch.float16, lambda t: torch.isin(t(images), t(images[0, 0, 0]))),
+        "max_unpool2d": (torch.float16, lambda t: F.max_unpool2d(t(pooled), where, 2)),
+        "adaptive_max_pool3d": (torch.float16, lambda t: F.adaptive_max_pool3d(t(volume), 2)),
+        "mse_loss": (torch.bfloat16, lambda t: F.mse_loss(t(signal), t(target))),
+        "trace": (torch.float16, lambda t: torch.trace(t(signal[:, :4]))),
+        "rfft": (torch.float16, lambda t: torch.fft.rfft(t(signal))),
+    }
+    for name, (dtype, call) in calls.items():
+        result = call(lambda x: x.to(dtype))
+        expected = call(lambda x: x.to(dtype).float())
+        assert result.is_cuda, name
+        if expected.is_floating_point():
+            assert result.dtype == dtype, name
+            expected = expected.to(dtype)
+        elif expected.is_complex():
+            assert result.dtype.is_complex, name
+        torch.testing.assert_close(result.to(expected.dtype), expected, rtol=2e-2, atol=2e-2, msg=name)
 
 
 def _resolve(name):

@@ -1,8 +1,9 @@
 """Kernels the target lacks where CUDA has them: wider dtypes, and CUDA-only ops torch calls.
 
 Dtype gaps: the table (``tables/dtype_gaps.py``) is the CPU's, generated from torch's
-operator database; other targets' gaps are not known there, so dtypes are filled only on
-the CPU. Each function with a gap (and its Tensor methods) is wrapped; no other op is
+operator database, with the gaps other releases have beyond it (``dtype_gaps_by_release.py``:
+torch 2.4 has no float16 grid_sample on the CPU); other targets' gaps are not known there, so
+dtypes are filled only on the CPU. Each function with a gap (and its Tensor methods) is wrapped; no other op is
 touched.
 
 Missing ops: torch itself calls some ops only CUDA implements (on accelerators the fused LSTM
@@ -25,13 +26,27 @@ from ..kernels import cuda_only_ops
 from ..kernels.gap_fill import filled
 from ..patching.rewriter import compiled_twin
 from ..patching.when_imported import WhenImported
-from ..tables.dtype_gaps import GAPS
+from ..tables.dtype_gaps import GAPS, GENERATED_ON
+from ..tables.dtype_gaps_by_release import BEYOND
+from ..torch_range import nearest
+
+
+def gaps_of(version: str) -> dict:
+    """{torch function: (dtype names, Tensor methods)}: the main table's gaps, with those of the
+    releases ``version`` is nearest to among the ones the tables were made on."""
+    table = {name: (set(dtypes), set(methods)) for name, (dtypes, methods) in GAPS.items()}
+    for release in nearest(version, (*BEYOND, GENERATED_ON)):
+        for name, (dtypes, methods) in BEYOND.get(release, {}).items():
+            known = table.setdefault(name, (set(), set()))
+            known[0].update(dtypes)
+            known[1].update(methods)
+    return {name: (tuple(sorted(dtypes)), tuple(sorted(methods))) for name, (dtypes, methods) in table.items()}
 
 
 def gaps():
     """[(owner, attribute, dtypes, Tensor methods)] for every gap this torch has."""
     found = []
-    for name, (dtype_names, methods) in GAPS.items():
+    for name, (dtype_names, methods) in gaps_of(torch.__version__).items():
         module_name, _, attribute = f"torch.{name}".rpartition(".")
         owner = importlib.import_module(module_name)
         dtypes = frozenset(getattr(torch, d) for d in dtype_names)

@@ -6,7 +6,8 @@
   or harmless), and how the surface is enumerated;
 - ``device_parameters``: torch's device parameters that are delegated or left alone, and the
   private entry points libraries call with a device;
-- ``dtype_gaps``: the dtypes CUDA's kernels accept and the CPU's refuse (generated);
+- ``dtype_gaps``: the dtypes CUDA's kernels accept and the CPU's refuse (generated), and
+  ``dtype_gaps_by_release`` the gaps other torch releases have beyond them;
 - ``compiled_twins``: the compiled fast path's types and their Python twins.
 
 Everything above reads them; they import nothing of cudashim's, and no torch at import.
