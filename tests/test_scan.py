@@ -536,10 +536,12 @@ def test_every_runtime_table_entry_reaches_a_scan_rule(tmp_path, monkeypatch):
     written as a program would use it, gives a finding of the rule that reads that table."""
     from cudashim.patches import _nccl_environment, frameworks
     from cudashim.scan import catalog
-    from cudashim.tables import device_parameters, dtype_gaps, libraries
+    from cudashim.tables import device_parameters, dtype_gaps, dtype_gaps_by_release, libraries
 
     uses = []                                  # (source line, the rule it must reach)
     uses += [(f"torch.{name}(x)", "kernel-gap") for name in dtype_gaps.GAPS]
+    uses += [(f"torch.{name}(x)", "kernel-gap")
+             for table in dtype_gaps_by_release.BEYOND.values() for name in table]
     uses += [(f"{key.partition('(')[0].replace(':', '.')}()", "private-entry-point")
              for key in device_parameters.PRIVATE_ENTRY_POINTS if not key.startswith("torch.cuda:")]
     uses += [(f"torch.cuda.{key.partition(':')[2].partition('(')[0]}", "private-entry-point")

@@ -23,7 +23,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 from .. import substitutes
 from ..backends.base import Backend
 from ..patches import _nccl_environment as nccl_environment, extensions, frameworks, version_gates
-from ..tables import device_parameters, dtype_gaps, meshes
+from ..tables import device_parameters, dtype_gaps, dtype_gaps_by_release, meshes
 from . import catalog, libraries
 from .findings import CANNOT_RUN, DIFFERS, HANDLED, NEEDS_CHANGE, Finding
 from .target import Target
@@ -601,7 +601,7 @@ class FileScanner(ast.NodeVisitor):
         if called.rpartition(".")[2] in _DATA_PARALLEL:
             self._device_ids(node)
         elif qualified in _GAP_FUNCTIONS:
-            dtypes = ", ".join(dtype_gaps.GAPS[qualified[len("torch."):]][0])
+            dtypes = _GAP_DTYPES[qualified]
             self._add(node, (HANDLED, f"{qualified}: its CUDA kernel takes {dtypes}, which the "
                                       f"target's may not; cudashim's kernels fill the gap"
                              if self.target.redirects else "native CUDA", None), "kernel-gap")
@@ -926,7 +926,23 @@ _CATCHES_MISSING_PROGRAM = frozenset({"FileNotFoundError", "OSError", "Exception
 _CATCHES_IMPORT = frozenset({"ImportError", "ModuleNotFoundError", "Exception", "BaseException"})
 _CATCHES_BUILD = frozenset({"RuntimeError", "UnsupportedCudaAPI", "Exception", "BaseException",
                             "OSError", "CalledProcessError", "SubprocessError"})
-_GAP_FUNCTIONS = frozenset(f"torch.{name}" for name in dtype_gaps.GAPS)
+
+
+def _gap_dtypes() -> Dict[str, str]:
+    """"torch.<function>" -> the dtypes its CUDA kernel takes and the CPU's refuse: the main
+    table's, and those only some releases' CPUs refuse, with the release named (the scan does
+    not know which torch the program will run on)."""
+    described = {f"torch.{name}": ", ".join(dtypes) for name, (dtypes, _) in dtype_gaps.GAPS.items()}
+    for release, table in dtype_gaps_by_release.BEYOND.items():
+        for name, (dtypes, _) in table.items():
+            on_release = f"{', '.join(dtypes)} (torch {release})"
+            key = f"torch.{name}"
+            described[key] = f"{described[key]}; {on_release}" if key in described else on_release
+    return described
+
+
+_GAP_DTYPES = _gap_dtypes()
+_GAP_FUNCTIONS = frozenset(_GAP_DTYPES)
 # "torch._C:_cuda_getDeviceCount()" -> "torch._C._cuda_getDeviceCount"
 _PRIVATE_ENTRIES = {key.partition("(")[0].replace(":", "."): entry
                     for key, entry in device_parameters.PRIVATE_ENTRY_POINTS.items()
