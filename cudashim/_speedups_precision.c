@@ -2,7 +2,9 @@
  *
  *   HalfGate    a function of the matmul family under the float16 policy: calls whose
  *               leading tensor is float16 go to the policy, every other call to the
- *               function as it came
+ *               function as it came; a call giving no tensor by position before the leading
+ *               one's place but some by keyword (F.linear(input=x, weight=w)) to the Python
+ *               wrapper, which finds the leading tensor by its name
  *
  * The matmul family (F.linear, torch.mm, Tensor.__matmul__...) is called in every layer of
  * every step, and nearly always outside float16 where the policy widens float16. The Python
@@ -22,6 +24,7 @@ typedef struct {
     PyObject *regions;           /* the policy's float32 regions (their depth in this thread) */
     PyObject *half;              /* torch.float16, compared by identity */
     Py_ssize_t first;            /* where the leading tensor is (einsum: after the equation) */
+    PyObject *keyworded;         /* the Python wrapper, for calls naming their tensors (or None) */
     PyObject *dict;
     vectorcallfunc vectorcall;
 } HalfGateObject;
@@ -67,7 +70,11 @@ static PyObject *HalfGate_vectorcall(HalfGateObject *self, PyObject *const *args
                                      size_t nargsf, PyObject *kwnames)
 {
     PyObject *result, *type, *value, *traceback;
-    int found = leads_in_half(self, args, PyVectorcall_NARGS(nargsf));
+    int found;
+    if (PyVectorcall_NARGS(nargsf) <= self->first && kwnames != NULL && PyTuple_GET_SIZE(kwnames) > 0
+            && self->keyworded != Py_None)
+        return PyObject_Vectorcall(self->keyworded, args, nargsf, kwnames);
+    found = leads_in_half(self, args, PyVectorcall_NARGS(nargsf));
     if (found < 0)
         return NULL;
     if (found)
@@ -91,12 +98,13 @@ static PyObject *HalfGate_vectorcall(HalfGateObject *self, PyObject *const *args
 
 static PyObject *HalfGate_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    static char *keywords[] = {"function", "widened", "reconciled", "regions", "half", "first", NULL};
-    PyObject *function, *widened, *reconciled, *regions, *half;
+    static char *keywords[] = {"function", "widened", "reconciled", "regions", "half", "first",
+                               "keyworded", NULL};
+    PyObject *function, *widened, *reconciled, *regions, *half, *keyworded = Py_None;
     Py_ssize_t first;
     HalfGateObject *self;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOn:HalfGate", keywords, &function, &widened,
-                                     &reconciled, &regions, &half, &first))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOn|O:HalfGate", keywords, &function, &widened,
+                                     &reconciled, &regions, &half, &first, &keyworded))
         return NULL;
     if (first < 0) {
         PyErr_SetString(PyExc_ValueError, "HalfGate: first must be 0 or more");
@@ -114,12 +122,14 @@ static PyObject *HalfGate_new(PyTypeObject *type, PyObject *args, PyObject *kwds
     Py_INCREF(reconciled);
     Py_INCREF(regions);
     Py_INCREF(half);
+    Py_INCREF(keyworded);
     self->function = function;
     self->widened = widened;
     self->reconciled = reconciled;
     self->regions = regions;
     self->half = half;
     self->first = first;
+    self->keyworded = keyworded;
     self->vectorcall = (vectorcallfunc)HalfGate_vectorcall;
     return (PyObject *)self;
 }
@@ -131,6 +141,7 @@ static int HalfGate_traverse(HalfGateObject *self, visitproc visit, void *arg)
     Py_VISIT(self->reconciled);
     Py_VISIT(self->regions);
     Py_VISIT(self->half);
+    Py_VISIT(self->keyworded);
     Py_VISIT(self->dict);
     return 0;
 }
@@ -142,6 +153,7 @@ static int HalfGate_clear(HalfGateObject *self)
     Py_CLEAR(self->reconciled);
     Py_CLEAR(self->regions);
     Py_CLEAR(self->half);
+    Py_CLEAR(self->keyworded);
     Py_CLEAR(self->dict);
     return 0;
 }
@@ -169,9 +181,11 @@ PyTypeObject HalfGateType = {
     .tp_basicsize = sizeof(HalfGateObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
                 Py_TPFLAGS_METHOD_DESCRIPTOR,
-    .tp_doc = "HalfGate(function, widened, reconciled, regions, half, first): calls whose leading\n"
-              "tensor is float16 go to widened, every other call to function; a call function\n"
-              "refuses goes to reconciled inside a float32 region (see cudashim/patches/precision.py)",
+    .tp_doc = "HalfGate(function, widened, reconciled, regions, half, first, keyworded=None): calls\n"
+              "whose leading tensor is float16 go to widened, every other call to function; a call\n"
+              "function refuses goes to reconciled inside a float32 region; a call with no tensor\n"
+              "by position up to first and keywords, to keyworded where given (see\n"
+              "cudashim/patches/precision.py)",
     .tp_new = HalfGate_new,
     .tp_traverse = (traverseproc)HalfGate_traverse,
     .tp_clear = (inquiry)HalfGate_clear,

@@ -2520,6 +2520,67 @@ def test_reductions_and_powers_are_widened_only_over_the_dimension_and_exponent_
                 assert result.dtype == expected.dtype and torch.equal(result, expected), where
 
 
+def test_a_float16_call_naming_its_tensors_by_keyword_is_computed_as_the_positional_one(speeds):
+    """``F.linear(input=x, weight=w)``, ``F.scaled_dot_product_attention(query=q, key=k,
+    value=v)``, ``F.softmax(input=x, dim=-1)``, torch's NumPy names (``x=``) and a list of
+    operands by keyword compute as their positional forms do where the policy widens them;
+    a keyword call of a kind timed faster as asked stays torch's own, a float32 one is torch's
+    call, and a call without its leading tensor fails as torch's does."""
+    from cudashim.precision import FLOAT32, MatmulChoices
+    torch.manual_seed(4)
+    x, y, w, b = (torch.randn(*shape).half() for shape in ((3, 5, 16), (3, 5, 16), (8, 16), (8,)))
+    m, images, kernel = torch.randn(16, 4).half(), torch.randn(2, 3, 6, 7).half(), torch.randn(4, 3, 3, 3).half()
+    q, k, v = (torch.randn(2, 4, 6, 8).half() for _ in range(3))
+    positive = torch.rand(3, 5, 16).half() + 0.5
+    # name: [(by keyword, by position, what float32 gives rounded once; None: torch's own call)]
+    calls = {
+        "torch.nn.functional.linear": [
+            (lambda: F.linear(input=x, weight=w, bias=b), lambda: F.linear(x, w, b),
+             lambda: F.linear(x.float(), w.float(), b.float())),
+            (lambda: F.linear(x=x, weight=w), lambda: F.linear(x, w), lambda: F.linear(x.float(), w.float()))],
+        "torch.matmul": [(lambda: torch.matmul(input=x, other=m), lambda: torch.matmul(x, m),
+                          lambda: x.float() @ m.float())],
+        "torch.nn.functional.conv2d": [(lambda: F.conv2d(input=images, weight=kernel, padding=1),
+                                        lambda: F.conv2d(images, kernel, padding=1),
+                                        lambda: F.conv2d(images.float(), kernel.float(), padding=1))],
+        "torch.nn.functional.scaled_dot_product_attention": [
+            (lambda: F.scaled_dot_product_attention(query=q, key=k, value=v, is_causal=True),
+             lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+             lambda: F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True))],
+        "torch.linalg.multi_dot": [(lambda: torch.linalg.multi_dot(tensors=[x[0], m]),
+                                    lambda: torch.linalg.multi_dot([x[0], m]), lambda: x[0].float() @ m.float())],
+        "torch.nn.functional.softmax": [
+            (lambda: F.softmax(input=x, dim=-1), lambda: F.softmax(x, -1), lambda: F.softmax(x.float(), -1)),
+            (lambda: F.softmax(input=x, dim=0), lambda: F.softmax(x, 0), None)],
+        "torch.linalg.vector_norm": [(lambda: torch.linalg.vector_norm(x=x, dim=-1),
+                                      lambda: torch.linalg.vector_norm(x, dim=-1), lambda: x.float().norm(dim=-1))],
+        "torch.nn.functional.cosine_similarity": [
+            (lambda: F.cosine_similarity(x1=x, x2=y, dim=-1), lambda: F.cosine_similarity(x, y, -1),
+             lambda: F.cosine_similarity(x.float(), y.float(), -1))],
+        "torch.pow": [(lambda: torch.pow(input=positive, exponent=2), lambda: torch.pow(positive, 2),
+                       lambda: positive.float() ** 2)],
+    }
+    own = {(name, index): by_keyword() for name, forms in calls.items()
+           for index, (by_keyword, _, widened) in enumerate(forms) if widened is None}
+    speeds(SLOW_BOTH, matmuls=MatmulChoices(FLOAT32, FLOAT32, 4, "test"),
+           ops={name: _timed(FLOAT32) for name in ("softmax", "vector_norm", "cosine_similarity", "pow")},
+           report=True)
+    for name, forms in calls.items():
+        for index, (by_keyword, by_position, widened) in enumerate(forms):
+            where = f"{name}, form {index}"
+            result, became = _became(name, by_keyword)
+            assert (result.dtype, became) == (HALF, _became(name, by_position)[1]), where
+            if widened is None:
+                assert became.startswith(KEPT) and torch.equal(result, own[name, index]), where
+            else:
+                assert became.startswith("float16 computed in float32"), where
+                assert torch.equal(result, widened().half()), where
+    wide = x.float()
+    assert torch.equal(F.linear(input=wide, weight=w.float()), F.linear(wide, w.float()))
+    with pytest.raises(TypeError, match="input"):
+        F.linear(weight=w)
+
+
 def test_norms_and_cosine_similarities_timed_faster_in_float32_are_computed_there_by_every_name(speeds):
     """Where the host timed float16 vector norms and cosine similarities faster in float32:
     torch.linalg.vector_norm, torch.norm and Tensor.norm (which reach it), nn.CosineSimilarity
