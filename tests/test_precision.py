@@ -2439,9 +2439,9 @@ def test_reductions_and_powers_are_widened_only_over_the_dimension_and_exponent_
     """Where the host timed softmax, argmax, norms and cosine similarities over the last
     dimension, pow(x, 3) and bilinear upsampling faster in float32: calls of those kinds, by
     every argument form, compute there; a reduction over a leading dimension, a 1-norm, an
-    exponent float32 computes element by element too, nearest or antialiased resizing are
-    torch's own calls (each measured slower widened on an AVX512-BF16 EPYC), their values
-    torch's exactly."""
+    exponent float32 computes element by element too, nearest resizing and bilinear
+    downsampling without antialiasing are torch's own calls (each measured slower widened on an
+    AVX512-BF16 EPYC), their values torch's exactly."""
     from cudashim.precision import FLOAT32
     torch.manual_seed(3)
     x, y = torch.randn(3, 5, 16).half(), torch.randn(3, 5, 16).half()
@@ -2498,7 +2498,11 @@ def test_reductions_and_powers_are_widened_only_over_the_dimension_and_exponent_
              lambda: F.interpolate(images.float(), scale_factor=2.0, mode="bilinear")),
             (lambda: F.interpolate(images, size=(3, 4), mode="bilinear", antialias=True),
              lambda: F.interpolate(images.float(), size=(3, 4), mode="bilinear", antialias=True)),
+            (lambda: F.interpolate(images, size=(12, 7), mode="bilinear", align_corners=True),
+             lambda: F.interpolate(images.float(), size=(12, 7), mode="bilinear", align_corners=True)),
             (lambda: F.interpolate(images, scale_factor=2.0), None),
+            (lambda: F.interpolate(images, scale_factor=0.5, mode="bilinear"), None),
+            (lambda: F.interpolate(images, size=(3, 14), mode="bilinear"), None),
             (lambda: F.interpolate(x, scale_factor=2.0, mode="linear"), None)],
     }
     own = {(name, index): call() for name, forms in calls.items()

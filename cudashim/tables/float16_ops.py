@@ -124,10 +124,21 @@ def _bilinear(args, kwargs) -> bool:
     return _argument(args, kwargs, 2, "mode", "bilinear") == "bilinear" and args[0].dim() == 4
 
 
-def _bilinear_images(args, kwargs) -> bool:
-    """interpolate(input, size, scale_factor, mode="nearest", ...) bilinear, of images (with
-    antialias=True too: torch has no float16 kernel for it on the host)."""
-    return _argument(args, kwargs, 3, "mode", "nearest") == "bilinear" and args[0].dim() == 4
+def _bilinear_upsampling(args, kwargs) -> bool:
+    """interpolate(input, size, scale_factor, mode="nearest", align_corners, recompute_scale_factor,
+    antialias=False) bilinear, of images, to sizes at least theirs (as the table times it), or
+    antialiased (torch has no float16 kernel for that on the host: widened, it runs)."""
+    if _argument(args, kwargs, 3, "mode", "nearest") != "bilinear" or args[0].dim() != 4:
+        return False
+    if _argument(args, kwargs, 6, "antialias", False):
+        return True
+    size = _argument(args, kwargs, 1, "size", None)
+    if size is not None:
+        sizes = size if isinstance(size, (list, tuple)) else (size, size)
+        return all(new >= old for new, old in zip(sizes, args[0].shape[2:]))
+    scale = _argument(args, kwargs, 2, "scale_factor", None)
+    scales = scale if isinstance(scale, (list, tuple)) else (scale, scale)
+    return all(isinstance(factor, (int, float)) and factor >= 1 for factor in scales)
 
 
 def _reverses_the_last_dimension(args, kwargs) -> bool:
@@ -197,7 +208,7 @@ def _a_vectorized_exponent(args, kwargs) -> bool:
 ONLY_WHEN = {
     "grid_sample": (_bilinear, "bilinear sampling of images only"),
     "flip": (_reverses_the_last_dimension, "flips reversing the last dimension only"),
-    "interpolate": (_bilinear_images, "bilinear resizing of images only"),
+    "interpolate": (_bilinear_upsampling, "bilinear upsampling of images only (antialiased resizing too)"),
     "softmax": (_over_the_last_dimension(1), "over the last dimension only"),
     "log_softmax": (_over_the_last_dimension(1), "over the last dimension only"),
     "argmax": (_over_the_last_dimension(1, or_the_whole=True), "over the last dimension or the whole tensor only"),
