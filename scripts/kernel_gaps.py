@@ -64,8 +64,19 @@ def _assume_a_current_gpu() -> None:
             setattr(common_cuda, name, True)
 
 
+# Private ops with an OpInfo entry whose way in for a program is a public function, called with
+# a keyword true: their gaps are that function's, in those calls. Antialiased resizing
+# (``F.interpolate(..., antialias=True)``, which torchvision's ``Resize`` does by default) runs
+# ``_upsample_bilinear2d_aa``; its bicubic twin has no entry, and is reached, and filled, the
+# same way.
+REACHED_THROUGH = {"_upsample_bilinear2d_aa": ("nn.functional.interpolate", "antialias")}
+
+
 def public_name(op) -> str | None:
-    """The op's name under torch, when it is a public function there."""
+    """The op's name under torch, when it is a public function there, or the public function
+    that reaches it (``REACHED_THROUGH``)."""
+    if op.name in REACHED_THROUGH:
+        return REACHED_THROUGH[op.name][0]
     if op.name.startswith(("_", "torch.ops")):
         return None
     target = torch
@@ -130,6 +141,11 @@ def render(found, unfilled) -> str:
         dtypes, methods = found[name]
         method_names = "".join(f'"{m}", ' for m in sorted(methods)).rstrip(" ")
         lines.append(f'    "{name}": (({_names(dtypes)}), ({method_names})),\n')
+    lines.append("}\n\n# A function whose gaps are in the calls passing this keyword true only (a private op\n"
+                 "# reached so): the scan reports those calls.\nONLY_WITH = {\n")
+    for name, keyword in sorted(set(REACHED_THROUGH.values())):
+        if name in found:
+            lines.append(f'    "{name}": "{keyword}",\n')
     lines.append("}\n\n# Found and not filled (gap_fill.why_not_filled says why).\nUNFILLED = {\n")
     for name in sorted(unfilled):
         lines.append(f'    "{name}": ({_names(unfilled[name])}),\n')

@@ -64,8 +64,9 @@ def test_a_release_between_two_the_tables_were_made_on_has_the_gaps_of_both():
 def test_a_cuda_program_calling_what_this_releases_cpu_lacks_runs(shim):
     """Calls a CUDA program makes in dtypes CUDA's kernels take and some release's CPU kernels
     refuse (torch 2.4: float16 grid_sample, reflection padding, isin, max_unpool and
-    adaptive_max_pool3d, bfloat16 mse_loss; every release: float16 FFTs): on every release they run, each
-    result in CUDA's dtype and what the float32 kernel computes, rounded to it."""
+    adaptive_max_pool3d, bfloat16 mse_loss; every release: float16 FFTs, antialiased resizing in
+    float16 and bfloat16, which torchvision's Resize does by default): on every release they run,
+    each result in CUDA's dtype and what the float32 kernel computes, rounded to it."""
     torch.manual_seed(0)
     images = torch.randn(2, 3, 6, 8, device="cuda")
     grid = torch.rand(2, 4, 5, 2, device="cuda") * 2 - 1
@@ -82,6 +83,10 @@ def test_a_cuda_program_calling_what_this_releases_cpu_lacks_runs(shim):
         "mse_loss": (torch.bfloat16, lambda t: F.mse_loss(t(signal), t(target))),
         "trace": (torch.float16, lambda t: torch.trace(t(signal[:, :4]))),
         "rfft": (torch.float16, lambda t: torch.fft.rfft(t(signal))),
+        "interpolate, antialiased bilinear": (
+            torch.float16, lambda t: F.interpolate(t(images), size=(3, 5), mode="bilinear", antialias=True)),
+        "interpolate, antialiased bicubic": (
+            torch.bfloat16, lambda t: F.interpolate(t(images), size=(12, 4), mode="bicubic", antialias=True)),
     }
     for name, (dtype, call) in calls.items():
         result = call(lambda x: x.to(dtype))

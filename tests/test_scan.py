@@ -531,6 +531,22 @@ def test_sarif_explain_and_json_carry_the_rules(tmp_path):
     assert {f["rule"] for f in report["findings"]} <= set(catalog.RULES)
 
 
+def test_a_gap_in_one_kind_of_call_is_reported_for_those_calls_only(tmp_path, monkeypatch):
+    """F.interpolate's CUDA kernels resize float16 and bfloat16 images with antialiasing, which the
+    CPU's refuse: a call passing antialias true (or a value the scan cannot read) is a kernel-gap
+    finding; one resizing without it, which the CPU computes, is not."""
+    from cudashim.scan import catalog
+    lines = ["import torch", "import torch.nn.functional as F",
+             "a = F.interpolate(x, size=(4, 4), mode='bilinear', antialias=True)",
+             "b = F.interpolate(x, scale_factor=2.0, mode='bilinear')",
+             "c = F.interpolate(x, size=(4, 4), mode='bicubic', antialias=smooth)",
+             "d = torch.nn.functional.interpolate(x, size=(4, 4), antialias=False)"]
+    (tmp_path / "resize.py").write_text("\n".join(lines) + "\n")
+    gaps = {f.line for f in _scan(["resize.py"], cwd=tmp_path, monkeypatch=monkeypatch).findings
+            if f.rule == catalog.BY_NAME["kernel-gap"].id}
+    assert gaps == {3, 5}
+
+
 def test_every_runtime_table_entry_reaches_a_scan_rule(tmp_path, monkeypatch):
     """A runtime decision the scan does not know fails here: each entry of the runtime's tables,
     written as a program would use it, gives a finding of the rule that reads that table."""
@@ -539,7 +555,8 @@ def test_every_runtime_table_entry_reaches_a_scan_rule(tmp_path, monkeypatch):
     from cudashim.tables import device_parameters, dtype_gaps, dtype_gaps_by_release, libraries
 
     uses = []                                  # (source line, the rule it must reach)
-    uses += [(f"torch.{name}(x)", "kernel-gap") for name in dtype_gaps.GAPS]
+    uses += [(f"torch.{name}(x{', ' + dtype_gaps.ONLY_WITH[name] + '=True' if name in dtype_gaps.ONLY_WITH else ''})",
+              "kernel-gap") for name in dtype_gaps.GAPS]
     uses += [(f"torch.{name}(x)", "kernel-gap")
              for table in dtype_gaps_by_release.BEYOND.values() for name in table]
     uses += [(f"{key.partition('(')[0].replace(':', '.')}()", "private-entry-point")

@@ -70,8 +70,8 @@ _RULES = (
          "cudashim/patches/data_parallel.py and --device-count"),
     Rule("CS113", "kernel-gap",
          "A torch function whose CUDA kernel accepts dtypes the target's does not (torch.abs on "
-         "bool, FFTs in float16, grid_sample in float16 on torch 2.4): cudashim's kernel package "
-         "fills the gap.",
+         "bool, FFTs in float16, grid_sample in float16 on torch 2.4, antialiased interpolate in "
+         "float16 and bfloat16): cudashim's kernel package fills the gap.",
          "cudashim/tables/dtype_gaps.py and dtype_gaps_by_release.py"),
     Rule("CS114", "private-entry-point",
          "A private torch entry point that libraries call with a device. Those in cudashim's "

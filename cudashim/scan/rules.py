@@ -589,6 +589,17 @@ class FileScanner(ast.NodeVisitor):
         finally:
             self.prose = prose
 
+    @staticmethod
+    def _in_the_gap(node, qualified: str) -> bool:
+        """Whether a call of a kernel-gap function is one the gap is in: any call, or, where the
+        gap is only in calls passing a keyword true (``F.interpolate(..., antialias=True)``),
+        those not passing it a literal false."""
+        keyword = _GAP_ONLY_WITH.get(qualified)
+        if keyword is None:
+            return True
+        given = next((k.value for k in node.keywords if k.arg == keyword), None)
+        return given is not None and _literal(given) not in (False, None, 0)
+
     def _visit_call(self, node, func, qualified: str) -> None:
         if isinstance(func, ast.Attribute) and _in_place_method(func.attr):
             self._written_in_place(func.value)
@@ -600,7 +611,7 @@ class FileScanner(ast.NodeVisitor):
                                func.id if isinstance(func, ast.Name) else "")
         if called.rpartition(".")[2] in _DATA_PARALLEL:
             self._device_ids(node)
-        elif qualified in _GAP_FUNCTIONS:
+        elif qualified in _GAP_FUNCTIONS and self._in_the_gap(node, qualified):
             dtypes = _GAP_DTYPES[qualified]
             self._add(node, (HANDLED, f"{qualified}: its CUDA kernel takes {dtypes}, which the "
                                       f"target's may not; cudashim's kernels fill the gap"
@@ -943,6 +954,7 @@ def _gap_dtypes() -> Dict[str, str]:
 
 _GAP_DTYPES = _gap_dtypes()
 _GAP_FUNCTIONS = frozenset(_GAP_DTYPES)
+_GAP_ONLY_WITH = {f"torch.{name}": keyword for name, keyword in dtype_gaps.ONLY_WITH.items()}
 # "torch._C:_cuda_getDeviceCount()" -> "torch._C._cuda_getDeviceCount"
 _PRIVATE_ENTRIES = {key.partition("(")[0].replace(":", "."): entry
                     for key, entry in device_parameters.PRIVATE_ENTRY_POINTS.items()

@@ -30,11 +30,18 @@ GAPS = {
     "fft.rfftn": (("float16",), ()),
     "histc": (("int16", "int32", "int64", "int8", "uint8",), ("histc",)),
     "nn.functional.avg_pool3d": (("bfloat16", "float16",), ()),
+    "nn.functional.interpolate": (("bfloat16", "float16",), ()),
     "nn.functional.multi_margin_loss": (("bfloat16", "float16",), ()),
     "nn.functional.multilabel_margin_loss": (("bfloat16", "float16",), ()),
     "nn.functional.rrelu": (("float16",), ()),
     "nn.functional.softsign": (("bool",), ()),
     "trace": (("bool",), ("trace",)),
+}
+
+# A function whose gaps are in the calls passing this keyword true only (a private op
+# reached so): the scan reports those calls.
+ONLY_WITH = {
+    "nn.functional.interpolate": "antialias",
 }
 
 # Found and not filled (gap_fill.why_not_filled says why).
