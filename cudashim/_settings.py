@@ -121,9 +121,11 @@ def _parse_extensions(value, where):
 
 def _parse_cuda_version(value, where):
     text = str(value).strip()
+    if text.lower() == "auto":
+        return "auto"
     parts = text.split(".")
     if len(parts) not in (2, 3) or not all(part.isdigit() for part in parts):
-        raise ValueError(f"{where}{value!r}: expected a CUDA version such as 12.8")
+        raise ValueError(f"{where}{value!r}: expected a CUDA version such as 12.8, or auto")
     return text
 
 
@@ -197,9 +199,10 @@ OPTIONS: Tuple[Option, ...] = (
            help="modules that hear the truth about CUDA, besides torch and the libraries that load "
                 "native CUDA code (bitsandbytes, flash_attn, ...); --honest-for=-name takes one of "
                 "those out"),
-    Option("cuda_version", "CUDASHIM_CUDA_VERSION", "12.8", _parse_cuda_version, metavar="X.Y",
+    Option("cuda_version", "CUDASHIM_CUDA_VERSION", "auto", _parse_cuda_version, metavar="X.Y",
            help="the torch.version.cuda the program and its libraries hear, and the cuDNN that "
-                "goes with it (default 12.8)"),
+                "goes with it (default auto: the running torch's own where it is a CUDA build, "
+                "which the libraries built for it check, else 12.8)"),
     Option("unsupported", "CUDASHIM_UNSUPPORTED", "warn", _one_of(UNSUPPORTED_POLICIES),
            choices=UNSUPPORTED_POLICIES,
            help="harmless unsupported CUDA APIs (the CUDA profiler's start/stop, TunableOp) "

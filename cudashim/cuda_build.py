@@ -8,12 +8,18 @@ is too old for this CUDA" fails on a machine cudashim made up. So they all come 
 row of ``BUILDS``, chosen by the ``cuda_version`` setting (``--cuda-version``,
 ``CUDASHIM_CUDA_VERSION``): the libraries torch's CUDA wheels of that line ship, and the
 driver that CUDA release came with. A version between rows gets the row at or below it,
-with its own number. This module imports no torch.
+with its own number. The setting's default, ``auto``, is the running torch's own CUDA version
+where torch is a CUDA build: the libraries built for that torch (torchvision, torchaudio) compare
+theirs with it and refuse to import a major version apart. This module imports no torch.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import NamedTuple, Tuple
+
+AUTO = "auto"
+WITHOUT_A_CUDA_BUILD = "12.8"          # what ``auto`` is where torch is not a CUDA build
 
 _SM_LEGACY = ("sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90")
 
@@ -58,8 +64,21 @@ BUILDS = {
 }
 
 
+def heard_version(setting: str) -> str:
+    """The ``torch.version.cuda`` the program hears under the ``cuda_version`` setting: the
+    setting's, or for ``auto`` the running torch's own where it is a CUDA build (read behind
+    cudashim's stand-in for ``torch.version``), else ``WITHOUT_A_CUDA_BUILD``."""
+    if setting != AUTO:
+        return setting
+    module = sys.modules.get("torch.version")
+    module = vars(module).get("_cudashim_real", module) if module is not None else None
+    return getattr(module, "cuda", None) or WITHOUT_A_CUDA_BUILD
+
+
 def cuda_build(cuda_version: str) -> CudaBuild:
-    """The row for ``cuda_version`` ("12.8", or "12.8.1"), answering to that version."""
+    """The row for ``cuda_version`` ("12.8", "12.8.1", or ``auto``: ``heard_version``),
+    answering to that version."""
+    cuda_version = heard_version(cuda_version)
     wanted = tuple(int(part) for part in cuda_version.split(".")[:2])
     eligible = [start for start in BUILDS if start <= wanted] or [min(BUILDS)]
     return BUILDS[max(eligible)]._replace(cuda=cuda_version)

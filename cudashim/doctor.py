@@ -16,6 +16,7 @@ from . import __version__, backends, callers, speedups
 from .backends import staged
 from .kernels import native
 from .backends.base import module_found
+from .cuda_build import heard_version
 from .errors import BackendUnavailableError
 
 def vendor_packages():
@@ -197,7 +198,7 @@ def doctor(settings) -> int:
                 for q in ("is_available", "is_cuda")) +
                 f", unsupported APIs: {settings.unsupported}, report: {'on' if settings.report else 'off'}\n")
             out(f"the truth about CUDA goes to: {', '.join(callers.honest_set(settings.honest_for))}; "
-                f"everyone else hears CUDA {settings.cuda_version}\n")
+                f"everyone else hears CUDA {heard_version(settings.cuda_version)}\n")
             out(f"the CUDA build they hear (--cuda-version): {build_line(settings.cuda_version, backend)}\n")
             out(f"{cpu_speed.describe_profile(settings.host_profile)}\n")
             precision = activation.current_activation().precision

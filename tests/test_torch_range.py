@@ -45,6 +45,33 @@ def test_mixed_precision_training_with_workers_compile_script_and_a_checkpoint(t
     assert on_device["scale"] == on_cpu["scale"]
 
 
+def test_a_library_built_for_this_torchs_cuda_hears_it_and_imports(tmp_path):
+    """A library built for this torch checks at import that torch's CUDA major version is the one
+    it was compiled with, as torchvision and torchaudio do ("PyTorch and torchvision were compiled
+    with different CUDA major versions"): under the shim the program and it hear this torch's own
+    CUDA version where torch is a CUDA build (on the CUDA 13 build of torch 2.14 a fixed 12.8
+    stopped ``import torchvision``), 12.8 where it is not, and the setting's where one is given."""
+    import os
+
+    import torch
+
+    built = torch.version.cuda
+    (tmp_path / "visionlike.py").write_text(
+        "import torch\n"
+        f"BUILT_WITH = {built!r}\n"
+        "if BUILT_WITH is not None and torch.version.cuda.split('.')[0] != BUILT_WITH.split('.')[0]:\n"
+        "    raise RuntimeError(f'compiled with different CUDA major versions: {torch.version.cuda}')\n")
+    program = "import visionlike, torch; print(torch.version.cuda, torch.backends.cudnn.version())"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(tmp_path), os.environ.get("PYTHONPATH"))))}
+    heard = python("-m", "cudashim", "-c", program, env=env)
+    assert heard.returncode == 0, heard.stderr[-3000:]
+    version, cudnn = heard.stdout.split()
+    assert version == (built or "12.8") and int(cudnn) >= 90000
+    told = python("-m", "cudashim", "--cuda-version", "12.6", "-c",
+                  "import torch; print(torch.version.cuda)", env=env)
+    assert told.returncode == 0 and told.stdout.strip() == "12.6", told.stderr[-3000:]
+
+
 def test_the_doctor_says_whether_this_torch_is_in_the_tested_range():
     import torch
 

@@ -3,8 +3,9 @@
 Libraries gate features on them: the Hugging Face Trainer refuses ``--tf32`` (and, in places,
 bf16) when ``torch.version.cuda`` is None, and programs compare
 ``torch.backends.cudnn.version() >= 8000``, which raises on the None a build without cuDNN
-gives. The program and its libraries hear a CUDA build (the ``cuda_version`` setting) with
-the cuDNN that torch's wheels for that CUDA line ship (``cuda_build``, the one table of
+gives. The program and its libraries hear a CUDA build (the ``cuda_version`` setting; by
+default the running torch's own CUDA version where it is a CUDA build) with the cuDNN that
+torch's wheels for that CUDA line ship (``cuda_build``, the one table of
 version answers); torch and the libraries that load native CUDA code hear the truth
 (``callers``).
 """
@@ -14,7 +15,7 @@ import types
 
 import torch
 
-from ..cuda_build import cuda_build
+from ..cuda_build import cuda_build, heard_version
 from ..patching.by_caller import ByCaller, value_by_caller
 
 
@@ -41,7 +42,7 @@ def install(activation):
 def _version_module(activation, real):
     """A stand-in for ``torch.version``: ``cuda`` answers by who asks; every other name is
     the real module's."""
-    cuda_version = activation.settings.cuda_version
+    cuda_version = heard_version(activation.settings.cuda_version)
     cuda = value_by_caller(activation, "torch.version.cuda", lambda: real.cuda, cuda_version,
                            became=repr(cuda_version))
 
@@ -57,6 +58,7 @@ def _version_module(activation, real):
             return dir(real)
 
     module = VersionModule(real.__name__, real.__doc__)
+    module.__dict__["_cudashim_real"] = real      # what cuda_build.heard_version reads behind it
     for dunder in ("__file__", "__package__", "__spec__", "__loader__"):
         if hasattr(real, dunder):
             module.__dict__[dunder] = getattr(real, dunder)
