@@ -173,6 +173,36 @@ def test_every_other_call_is_torchs_own(shim):
         torch.dot(x, x[:-1])
 
 
+def test_norms_and_dots_given_their_tensors_by_keyword_are_computed_as_given_by_position(shim):
+    """torch takes these tensors by keyword too (``torch.dot(input=a, tensor=b)``, NumPy's
+    ``x=``, a Tensor method's ``vec=``): long ones are blocked as their positional calls are,
+    short ones are torch's own, and a call without its tensor fails as torch's does."""
+    x, y = _long(), _long(seed=1)
+    rows, short = torch.stack([x, y]), x[:1000]
+    forms = {   # name -> (by keyword, by position)
+        "dot": (lambda: torch.dot(input=x, tensor=y), lambda: torch.dot(x, y)),
+        "dot, second by keyword": (lambda: torch.dot(x, tensor=y), lambda: torch.dot(x, y)),
+        "Tensor.dot": (lambda: x.dot(tensor=y), lambda: x.dot(y)),
+        "vdot": (lambda: torch.vdot(input=x, other=y), lambda: torch.vdot(x, y)),
+        "mv": (lambda: torch.mv(input=rows, vec=x), lambda: torch.mv(rows, x)),
+        "Tensor.mv": (lambda: rows.mv(vec=x), lambda: rows.mv(x)),
+        "dist": (lambda: torch.dist(input=x, other=y * 0.5), lambda: torch.dist(x, y * 0.5)),
+        "vector_norm(input=)": (lambda: torch.linalg.vector_norm(input=x), lambda: torch.linalg.vector_norm(x)),
+        "vector_norm(x=)": (lambda: torch.linalg.vector_norm(x=x, ord=1), lambda: torch.linalg.vector_norm(x, 1)),
+        "linalg.norm": (lambda: torch.linalg.norm(input=x), lambda: torch.linalg.norm(x)),
+        "_foreach_norm": (lambda: torch._foreach_norm(self=[x, short])[0], lambda: torch._foreach_norm([x, short])[0]),
+        "cosine_similarity": (lambda: torch.cosine_similarity(x1=x, x2=y, dim=0),
+                              lambda: torch.cosine_similarity(x, y, 0)),
+        "short dot": (lambda: torch.dot(input=short, tensor=short), lambda: torch.dot(short, short)),
+    }
+    for name, (by_keyword, by_position) in forms.items():
+        assert torch.equal(by_keyword(), by_position()), name
+    reference = torch.dot(x.double(), y.double())
+    assert _relative(torch.dot(input=x, tensor=y), reference) < CUDA_LIKE
+    with pytest.raises(TypeError):
+        torch.dot(tensor=y)
+
+
 def test_deactivation_gives_back_torchs_functions():
     import cudashim
     originals = (torch.linalg.vector_norm, torch.linalg.norm, torch._foreach_norm, torch.dist,

@@ -59,7 +59,7 @@ from ..graphs import graph
 from ..kernels import native, packed_convolution, packed_encoder_layer, packed_linear
 from ..kernels.out_tensors import written_to
 from ..patching.rewriter import compiled_twin
-from ..patching.signatures import leading_parameters
+from ..patching.signatures import by_position
 from ..patching.watched import WatchedAttributes
 from ..precision import AS_ASKED, BFLOAT16, FLOAT32
 from ..tables import float16_ops
@@ -494,7 +494,7 @@ def by_policy(api, first, device_type, cache, count, regions, policy, rows_of, c
     @functools.wraps(original)
     def computed_by_policy(*args, **kwargs):
         if len(args) <= first and kwargs:              # F.linear(input=x, weight=w)
-            args, kwargs = _leading_by_position(original, first, args, kwargs)
+            args, kwargs = by_position(original, first + 1, args, kwargs)
         # One dtype check: the leading tensor's (einsum's first operand, after the equation).
         leading = args[first] if len(args) > first else None
         if leading.__class__ in (list, tuple) and leading:
@@ -515,27 +515,6 @@ def by_policy(api, first, device_type, cache, count, regions, policy, rows_of, c
     # a call naming its leading tensor by keyword takes it.
     gate = compiled.HalfGate(original, widened, reconciled, regions, HALF, first, computed_by_policy)
     return compiled_twin(gate, computed_by_policy)
-
-
-# function -> the keywords its leading tensor may be given by (signatures.leading_parameters),
-# found at the first call that gives it so: few programs do, and activation need not ask.
-_LEADING_PARAMETERS = {}
-
-
-def _leading_by_position(original, first, args, kwargs):
-    """``(args, kwargs)`` with the leading tensor ``kwargs`` gives by name (every argument before
-    it given by position) moved to its position, where the wrappers read it; as they came where
-    it is not among them."""
-    names = _LEADING_PARAMETERS.get(original)
-    if names is None:
-        names = _LEADING_PARAMETERS[original] = leading_parameters(original, first)
-    if len(args) != first:
-        return args, kwargs
-    for name in names:
-        if name in kwargs:
-            kwargs = dict(kwargs)
-            return (*args, kwargs.pop(name)), kwargs
-    return args, kwargs
 
 
 def _traced(tensors) -> bool:
@@ -1175,7 +1154,7 @@ def by_measurement(api, device_type, cache, count, compiled, original, *, at_onc
     @functools.wraps(original)
     def computed_by_measurement(*args, **kwargs):
         if not args and kwargs:                        # F.softmax(input=x, dim=-1)
-            args, kwargs = _leading_by_position(original, 0, args, kwargs)
+            args, kwargs = by_position(original, 1, args, kwargs)
         if args and isinstance(args[0], torch.Tensor) and args[0].dtype is HALF:
             return widened(*args, **kwargs)
         return original(*args, **kwargs)

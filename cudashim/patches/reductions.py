@@ -41,6 +41,7 @@ import torch
 
 from ..kernels import native
 from ..patching.rewriter import compiled_twin
+from ..patching.signatures import by_position
 
 # A norm over at least this many elements per result is blocked: below it torch's drift is
 # within a few times CUDA's (about 5e-7 at 2**18), and the blocks' extra kernels would cost
@@ -84,9 +85,24 @@ def install(activation):
               for name in ("dot", "vdot")),
             *((owner, "mv", _mv, DOT_BLOCKED_FROM, 2) for owner in (torch, torch.Tensor))):
         api = f"{getattr(owner, '__name__', owner)}.{name}"
-        python = functools.partial(make, api, count, vector_norm)
+        python = functools.partial(_taking_keywords, functools.partial(make, api, count, vector_norm),
+                                   max(leading, 1))
         activation.replace(owner, name, python if compiled is None or not leading
                            else functools.partial(_gated, compiled, python, length, leading))
+
+
+def _taking_keywords(make, count, original):
+    """``make(original)``, whose wrapper reads its first ``count`` arguments by position, taking
+    them by the keywords torch's function takes them by as well (``torch.dot(input=a,
+    tensor=b)``, ``torch.linalg.vector_norm(input=x)``: a TypeError otherwise)."""
+    wrapper = make(original)
+
+    @functools.wraps(original)
+    def taking_keywords(*args, **kwargs):
+        if kwargs and len(args) < count:
+            args, kwargs = by_position(original, count, args, kwargs)
+        return wrapper(*args, **kwargs)
+    return taking_keywords
 
 
 def _gated(compiled, make, length, leading, original):

@@ -2,8 +2,8 @@
 
 Most of torch's functions are C bindings without a text signature. ``inspect.signature``
 finds that out the long way (two AttributeErrors, then a ValueError: about 12 µs a call), and
-activation asks it of a few hundred of them. ``leading_parameters`` names the keywords a call may
-give a function's leading tensor by, where the wrappers that read it by position look for it.
+activation asks it of a few hundred of them. ``by_position`` moves the arguments a call gives
+by keyword to the positions where the wrappers that read them by position look.
 """
 
 from __future__ import annotations
@@ -29,17 +29,16 @@ def signature(function) -> Optional[inspect.Signature]:
         return None
 
 
-# The names torch's Python argument parser takes for an operator binding's ``input`` (its
-# ``self``): NumPy's, besides its own (``torch.softmax(x=t, dim=-1)``).
-_INPUT_NAMES = ("input", "x", "a", "x1")
+# The names torch's Python argument parser takes for an operator binding's parameter besides
+# its own: NumPy's (``torch.softmax(x=t, dim=-1)``). A Tensor ``self`` is ``input`` to it.
+_ALIASES = {"input": ("input", "x", "a", "x1"), "other": ("other", "x2")}
 
 
 def leading_parameters(function, position: int) -> Tuple[str, ...]:
     """The keywords a call may give ``function``'s argument at ``position`` by
-    (``F.linear(input=x, weight=w)``, ``F.scaled_dot_product_attention(query=q, ...)``): its
-    signature's name for it, else its operator's schemas' (an operator's ``self`` is ``input``
-    to torch's Python bindings, which take NumPy's names for it too); none where no one
-    positional parameter is there."""
+    (``F.linear(input=x, weight=w)``, ``torch.dot(input=a, tensor=b)``): its signature's name
+    for it, else its operator's schemas' with the aliases torch's Python bindings take; none
+    where no one positional parameter is there."""
     found = signature(function)
     if found is not None:
         parameters = list(found.parameters.values())
@@ -54,9 +53,39 @@ def leading_parameters(function, position: int) -> Tuple[str, ...]:
         schemas = schemas_of(f"aten::{name}")
     except RuntimeError:
         return ()
-    names = {schema.arguments[position].name for schema in schemas if len(schema.arguments) > position}
-    if names and names <= {"self", *_INPUT_NAMES}:      # TorchScript's pow.int(int a, int b) too
-        return _INPUT_NAMES
+    names = set()
+    for schema in schemas:
+        if len(schema.arguments) > position:
+            argument = schema.arguments[position]
+            # torch's Python bindings call a ``self`` ``input``, but a list's (``_foreach_norm``)
+            listed = str(argument.type).startswith("List")
+            names.add("input" if argument.name == "self" and not listed else argument.name)
+    if names and names <= set(_ALIASES["input"]):    # TorchScript's pow.int(int a, int b) too
+        return _ALIASES["input"]
     if len(names) != 1:                    # none, or overloads that disagree (torch._VF.lstm)
         return ()
-    return tuple(names)
+    named = names.pop()
+    return _ALIASES.get(named, (named,))
+
+
+# (function, position) -> leading_parameters(function, position), found at the first call that
+# needs them: few programs give these arguments by keyword, and activation need not ask.
+_LEADING = {}
+
+
+def by_position(function, count: int, args: tuple, kwargs: dict):
+    """``(args, kwargs)`` of a call of ``function`` with its first ``count`` arguments that
+    ``kwargs`` gives by name moved to their positions, for wrappers that read them by position;
+    as far as they are given in order."""
+    if len(args) >= count or not kwargs:
+        return args, kwargs
+    args, kwargs = list(args), dict(kwargs)
+    for position in range(len(args), count):
+        names = _LEADING.get((function, position))
+        if names is None:
+            names = _LEADING[function, position] = leading_parameters(function, position)
+        name = next((name for name in names if name in kwargs), None)
+        if name is None:
+            break
+        args.append(kwargs.pop(name))
+    return tuple(args), kwargs
