@@ -202,9 +202,9 @@ def _collector_paused():
 
     ``import torch`` leaves a full collection of its objects due, which the next few
     thousand allocations start (about 100 ms on a 2-core host, for some 170,000 objects).
-    Activation makes that many, so without the pause it would run the program's collection
-    inside activation. Paused, the program runs it in its own time, as it would have without
-    cudashim, and collects with it what little cyclic garbage activation left.
+    Activation makes that many, so without the pause it would run that collection inside
+    activation. Where the program collects, what exists then is frozen on the way out
+    (``_out_of_the_collectors_sight``).
     """
     was_enabled = gc.isenabled()
     gc.disable()
@@ -212,27 +212,40 @@ def _collector_paused():
         yield
     finally:
         if was_enabled:
-            _into_the_oldest_generation()
+            _out_of_the_collectors_sight()
             gc.enable()
 
 
-def _into_the_oldest_generation() -> None:
-    """Move the objects the collector tracks into its oldest generation, which the program's
-    full collections examine.
+_frozen_by_activation = False    # whether activation froze the objects, from none frozen
 
-    Activation leaves about 25,000 tracked objects that live as long as the program (patch
-    wrappers, closures, tables, the modules it imports), young while the collector was paused.
-    Left there, the first young collection after it walks every one of them only to find them
-    alive (7 ms on a 2-core host, inside activation), and the first middle one walks them again
-    (6-7 ms, in the program's first thousands of allocations). ``gc.freeze()`` then
-    ``gc.unfreeze()`` moves them without walking anything (two list splices). It also restarts
-    the collector's counts, so the full collection ``import torch`` left due comes some 80,000
-    allocations later than it would have: within a program's first second of work. Not where
-    the program froze objects itself: unfreezing would release them.
+
+def _out_of_the_collectors_sight() -> None:
+    """Freeze what exists at activation: torch's objects, activation's, the modules imported.
+
+    They live as long as the program, and every full collection walked them only to find them
+    alive: some 190,000 objects, 50-60 ms a walk on a 2-core host, and the interpreter walks
+    them at exit too (finalization took 270-310 ms after ``import torch``, 90 ms with them
+    frozen). ``gc.freeze()`` moves them to the permanent generation without walking anything.
+    The program's collections then walk only what the program makes, and its forked workers do
+    not write to those objects' pages.
+
+    The cost: a reference cycle among these objects that the program drops later is never
+    collected, and ``gc.get_objects()`` no longer lists them (``gc.unfreeze()`` gives both
+    back). A program that froze objects itself before activation keeps them frozen.
     """
-    if gc.get_freeze_count() == 0:
-        gc.freeze()
+    global _frozen_by_activation
+    _frozen_by_activation = gc.get_freeze_count() == 0
+    gc.freeze()
+
+
+def _back_in_the_collectors_sight() -> None:
+    """Undo activation's freeze where it froze from none frozen. The count of frozen objects
+    cannot tell whether the program froze more since (it falls as frozen objects die), so
+    those go back with the rest: a program that freezes before forking does it again."""
+    global _frozen_by_activation
+    if _frozen_by_activation:
         gc.unfreeze()
+    _frozen_by_activation = False
 
 
 def _initializing(module: types.ModuleType) -> bool:
@@ -402,6 +415,7 @@ def deactivate() -> None:
         if _current is not None:
             _current.live = False
             _current.registry.revert_all()
+            _back_in_the_collectors_sight()
         _current = _pending = None
         _stand_ins_waiting.disarm()
 

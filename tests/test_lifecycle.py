@@ -177,13 +177,20 @@ def test_a_failed_activation_leaves_nothing_active():
 @pytest.mark.parametrize("collecting", [True, False], ids=["collector-on", "collector-off"])
 def test_activation_runs_none_of_the_programs_garbage_collections(collecting):
     """``import torch`` leaves a full collection due; the program runs it, not activation,
-    whose thousands of allocations would otherwise start it. What activation made lives as
-    long as the program: it waits in the oldest generation, where no young collection walks it."""
+    whose thousands of allocations would otherwise start it. What exists at activation lives as
+    long as the program: it is frozen, where no collection of the program's, nor the
+    interpreter's at exit, walks it; deactivation gives it back to the collector."""
     import gc
-    import torch
+    import weakref
+    import torch  # noqa: F401  (imported: activation is at once)
     import cudashim
 
+    class Node:
+        pass
+
     gc.collect()                                     # every generation's count at zero
+    made_before = Node()
+    made_before.itself = made_before                 # a cycle the program had before activation
     started = []
     gc.callbacks.append(lambda phase, info: started.append(info["generation"]) if phase == "start" else None)
     if not collecting:
@@ -196,16 +203,27 @@ def test_activation_runs_none_of_the_programs_garbage_collections(collecting):
     # collection that walks all of activation's objects.
     assert started == []
     assert gc.isenabled() is collecting, "the collector is left as the program had it"
-    oldest = gc.get_objects(generation=2)
+    in_sight = gc.get_objects()
     assert any(kept is thing for thing in gc.get_objects(generation=0))
-    # A program that pauses the collector keeps what it made young, ours with it.
-    assert any(activation is thing for thing in oldest) is collecting
+    # A program that pauses the collector keeps what it made in sight, ours with it.
+    assert any(activation is thing for thing in in_sight) is not collecting
+    assert any(made_before is thing for thing in in_sight) is not collecting
+    assert (gc.get_freeze_count() > 0) is collecting
+
+    made_after = Node()
+    made_after.itself = made_after
+    dropped = weakref.ref(made_after)
+    del made_after
+    gc.collect()
+    assert dropped() is None, "the program's own cycles are collected as ever"
     cudashim.deactivate()
+    assert gc.get_freeze_count() == 0
+    assert any(made_before is thing for thing in gc.get_objects())
 
 
 def test_objects_the_program_froze_stay_frozen_through_activation():
     """A program that froze its objects (a server before it forks its workers) keeps them out
-    of every collection: activation moves nothing then."""
+    of every collection, through activation and deactivation."""
     import gc
     import cudashim                                  # torch is imported: activation is at once
 
@@ -215,6 +233,7 @@ def test_objects_the_program_froze_stay_frozen_through_activation():
     assert gc.get_freeze_count() > 0
     assert not any(kept is thing for thing in gc.get_objects())
     cudashim.deactivate()
+    assert not any(kept is thing for thing in gc.get_objects())
     gc.unfreeze()
 
 

@@ -463,6 +463,18 @@ def _bfloat16_products(speeds):
     speeds(FAST_BF16, matmuls=MatmulChoices(BFLOAT16, BFLOAT16, 4, "test"), report=True)
 
 
+def _kept_copies():
+    """The activation's cache of widened weights, found through what deactivation undoes (it
+    exists since activation, which froze it out of ``gc.get_objects()``)."""
+    import cudashim
+    from cudashim.patches.precision import WideningCache
+    activation = cudashim.activation.current_activation()
+    [cache] = [patch.undo.__self__ for patch in activation.registry
+               if patch.name == "float16 weights kept in float32"]
+    assert isinstance(cache, WideningCache)
+    return cache
+
+
 def _by_hand_in_bfloat16(call, *tensors):
     return call(*(t.float().bfloat16() for t in tensors)).float().half()
 
@@ -617,10 +629,8 @@ def test_a_linear_layer_in_bfloat16_packs_its_kept_weight_once_and_holds_no_plai
     oneDNN: packed at the first call and kept, in place of the plain bfloat16 copy, and packed
     again only once the weight has changed. Each result is torch's bfloat16 linear rounded to
     float16, in memory of its own; the compiled path and its Python twin take the same calls."""
-    import gc
     from cudashim.kernels import native
     from cudashim.patches import precision
-    from cudashim.patches.precision import WideningCache
     counts = _packing_counted(monkeypatch)
     torch.manual_seed(0)
     layer = torch.nn.Linear(64, 32).half().eval()
@@ -635,7 +645,7 @@ def test_a_linear_layer_in_bfloat16_packs_its_kept_weight_once_and_holds_no_plai
         if native.usable():           # each rounded where its product lay: no second buffer
             assert [result.data_ptr() for result in results] == counts.results_at
         assert len({result.data_ptr() for result in results}) == 3
-        cache = next(found for found in gc.get_objects() if isinstance(found, WideningCache))
+        cache = _kept_copies()
         weight_key, bias_key = (id(layer.weight), BF16), (id(layer.bias), BF16)
         assert cache.packed.copies[weight_key][3].is_mkldnn and weight_key not in cache.copies
         assert cache.packed.copies[bias_key][3].dtype == BF16     # the bias: a plain copy
@@ -751,8 +761,6 @@ def test_a_conv2d_layer_in_bfloat16_packs_its_weight_once_and_lays_out_its_resul
     CUDA lays it out, channels-last where the input or the weight is, else channel-first, and
     holds torch's bfloat16 convolution rounded to float16, for the forms nn.Conv2d calls
     (stride, padding "same" and "valid", dilation, groups, a padding mode, keywords)."""
-    import gc
-    from cudashim.patches.precision import WideningCache
     counts = _convolutions_counted(monkeypatch)
     torch.manual_seed(0)
     layers = {"plain": torch.nn.Conv2d(6, 8, 3, padding=1),
@@ -775,7 +783,7 @@ def test_a_conv2d_layer_in_bfloat16_packs_its_weight_once_and_lays_out_its_resul
         keyword = F.conv2d(x, plain.weight, bias=plain.bias, padding=1)
         _close_to_bfloat16s(keyword, by_hand["plain"])
         assert counts == {"packed": 4, "computed": 10}
-        cache = next(found for found in gc.get_objects() if isinstance(found, WideningCache))
+        cache = _kept_copies()
         key = (id(plain.weight), BF16)
         assert cache.packed_convolutions.copies[key][3].is_mkldnn and key not in cache.copies
         strided = F.conv2d(x, plain.weight, plain.bias, 2, 1)   # the same weight, another stride
@@ -962,9 +970,7 @@ def test_each_kind_of_convolution_runs_in_the_form_timed_faster_at_its_first_cal
     too, takes the faster form untimed, and only the copies that form reads are kept. Another
     class of input sizes, and a transposed convolution, are kinds of their own. The values are
     torch's bfloat16 convolution's either way; deactivation forgets the choices."""
-    import gc
     from cudashim.patches import precision
-    from cudashim.patches.precision import WideningCache
     counts = _convolutions_counted(monkeypatch)
     timed = _packed_timed_faster(monkeypatch, *((1.0, 2.0) if faster == "packed" else (2.0, 1.0)))
     torch.manual_seed(7)
@@ -984,7 +990,7 @@ def test_each_kind_of_convolution_runs_in_the_form_timed_faster_at_its_first_cal
         _close_to_bfloat16s(layer(alike), by_hand["alike"])       # 96 positions as 99: one class
         _close_to_bfloat16s(twin(x), by_hand["twin"])
         assert len(timed) == 1 and counts["computed"] == 1 + 4 * packed_calls
-        cache = next(found for found in gc.get_objects() if isinstance(found, WideningCache))
+        cache = _kept_copies()
         for parameter in (layer.weight, layer.bias, twin.weight, twin.bias):
             key = (id(parameter), BF16)
             assert (key in cache.packed_convolutions.copies) == (faster == "packed")
