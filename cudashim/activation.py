@@ -223,11 +223,11 @@ def _out_of_the_collectors_sight() -> None:
     """Freeze what exists at activation: torch's objects, activation's, the modules imported.
 
     They live as long as the program, and every full collection walked them only to find them
-    alive: some 190,000 objects, 50-60 ms a walk on a 2-core host, and the interpreter walks
+    alive: some 190,000 objects, 50-70 ms a walk on a 2-core host, and the interpreter walks
     them at exit too (finalization took 270-310 ms after ``import torch``, 90 ms with them
     frozen). ``gc.freeze()`` moves them to the permanent generation without walking anything.
-    The program's collections then walk only what the program makes, and its forked workers do
-    not write to those objects' pages.
+    The program's collections then walk only what the program makes, and those of its forked
+    workers do not write to those objects' pages.
 
     The cost: a reference cycle among these objects that the program drops later is never
     collected, and ``gc.get_objects()`` no longer lists them (``gc.unfreeze()`` gives both
