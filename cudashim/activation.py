@@ -203,16 +203,22 @@ def _collector_paused():
     ``import torch`` leaves a full collection of its objects due, which the next few
     thousand allocations start (about 100 ms on a 2-core host, for some 170,000 objects).
     Activation makes that many, so without the pause it would run that collection inside
-    activation. Where the program collects, what exists then is frozen on the way out
-    (``_out_of_the_collectors_sight``).
+    activation. Where the program collects and an activation was installed inside the pause,
+    what exists then is frozen on the way out (``_out_of_the_collectors_sight``): not after an
+    activation that failed, one still waiting for torch's import, or a call that found one in
+    force (the program's objects made since stay in the collector's sight).
     """
     was_enabled = gc.isenabled()
+    in_force = _current
     gc.disable()
+    installed = False
     try:
         yield
+        installed = _current is not None and _current is not in_force
     finally:
         if was_enabled:
-            _out_of_the_collectors_sight()
+            if installed:
+                _out_of_the_collectors_sight()
             gc.enable()
 
 

@@ -168,6 +168,7 @@ def test_a_failed_activation_leaves_nothing_active():
     with pytest.raises(BackendUnavailableError, match="no working CUDA device"):
         cudashim.activate("cuda")
     assert gc.isenabled(), "the garbage collector paused for activation is running again"
+    assert gc.get_freeze_count() == 0, "a failed activation freezes nothing"
     assert not cudashim.is_active() and cudashim.activation.current_activation() is None
     assert torch.Tensor.to is torch._C.TensorBase.to
     assert cudashim.activate("cpu").name == "cpu"
@@ -212,6 +213,8 @@ def test_activation_runs_none_of_the_programs_garbage_collections(collecting):
 
     made_after = Node()
     made_after.itself = made_after
+    cudashim.activate("cpu")                         # in force already: nothing more is frozen
+    assert any(made_after is thing for thing in gc.get_objects())
     dropped = weakref.ref(made_after)
     del made_after
     gc.collect()
@@ -219,6 +222,22 @@ def test_activation_runs_none_of_the_programs_garbage_collections(collecting):
     cudashim.deactivate()
     assert gc.get_freeze_count() == 0
     assert any(made_before is thing for thing in gc.get_objects())
+
+
+def test_an_activation_waiting_for_torch_freezes_at_its_import_and_deactivation_unfreezes():
+    """``python -m cudashim`` and the image hook activate before torch is imported: what exists
+    is frozen once torch's import has installed the patches, not before."""
+    code = (
+        "import gc, cudashim\n"
+        "cudashim.activate('cpu')\n"
+        "assert gc.get_freeze_count() == 0, 'frozen before torch was imported'\n"
+        "import torch\n"
+        "assert cudashim.current_backend().name == 'cpu' and gc.get_freeze_count() > 0\n"
+        "cudashim.deactivate()\n"
+        "print(gc.get_freeze_count())\n")
+    result = python("-c", code, fresh=True)   # the zygote froze its own objects before forking
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "0"
 
 
 def test_objects_the_program_froze_stay_frozen_through_activation():
